@@ -1,0 +1,53 @@
+"""A run's history: one JSON line per event in ``<run-id>/events.jsonl`` in its store.
+
+Starts, resumes, snapshots, failures and launches all land here, so ``burst status``
+and the planner can read what happened without asking the process that did it.
+Object stores cannot append, so an append is a read-modify-write under a process-wide
+lock; losing an event to a crash is acceptable, losing a snapshot is not, which is why
+snapshots never depend on this file.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from datetime import UTC, datetime
+from typing import Any
+
+from burst.store.base import Store
+
+_LOCK = threading.Lock()
+
+
+def key(run_id: str) -> str:
+    return f"{run_id}/events.jsonl"
+
+
+def append(store: Store, run_id: str, kind: str, **fields: Any) -> dict:
+    event = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "event": kind,
+             **fields}
+    line = json.dumps(event, sort_keys=True, default=str) + "\n"
+    with _LOCK:
+        try:
+            existing = store.get(key(run_id))
+        except KeyError:
+            existing = b""
+        store.put(key(run_id), existing + line.encode())
+    return event
+
+
+def read(store: Store, run_id: str) -> list[dict]:
+    """Every event of the run, oldest first; lines that do not parse are skipped."""
+    try:
+        data = store.get(key(run_id)).decode(errors="replace")
+    except KeyError:
+        return []
+    out = []
+    for line in data.splitlines():
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            out.append(event)
+    return out

@@ -1,0 +1,360 @@
+"""The public training-loop API: a ``Run`` that a plain PyTorch loop adopts in a few lines.
+
+::
+
+    run = burst.Run("my-run", global_batch=64, micro_batch=16)
+    run.attach(model, optimizer, scheduler)          # restore-or-start
+    loader = DataLoader(data, batch_size=run.micro_batch, sampler=burst.ResumableSampler(data))
+    for epoch in run.epochs(10):
+        for step in run.steps(loader):               # one optimizer step each
+            for x, y in step:                        # its micro-batches
+                (loss_fn(model(x), y) * step.weight(len(x))).backward()
+            optimizer.step(); optimizer.zero_grad(); scheduler.step()
+    run.close()
+
+The run counts what the optimizer has consumed, not what the DataLoader prefetched, and
+takes snapshots only between optimizer steps. A crash inside a gradient-accumulation
+window therefore loses that window and nothing else: the restored run starts again at
+the window's first sample, with the state the previous optimizer step left.
+
+The batch layout can be re-planned for another card through the environment
+(``BURST_MICRO_BATCH``, ``BURST_AMP``, set by ``burst resume``); the global batch never
+changes, so each optimizer step sees exactly the same samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+import sys
+import time
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from burst import events, snapshot
+from burst import state as state_mod
+from burst.amp import AMP_DTYPES, parse_amp
+from burst.errors import ConfigError, SnapshotError
+from burst.sampler import ResumableSampler, derive_seed
+from burst.store import Store, open_store
+from burst.store.base import check_key
+
+ENV_RUN_ID = "BURST_RUN_ID"
+ENV_MICRO_BATCH = "BURST_MICRO_BATCH"
+ENV_AMP = "BURST_AMP"
+
+
+class Step:
+    """One optimizer step: iterate it for its micro-batches, then step the optimizer."""
+
+    def __init__(self, index: int, epoch: int, samples: int, micro_batches: int,
+                 batches: Iterator[Any]) -> None:
+        self.index, self.epoch = index, epoch
+        self.samples, self.micro_batches = samples, micro_batches
+        self._batches = batches
+        self.consumed = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        while self.consumed < self.micro_batches:
+            batch = next(self._batches)
+            self.consumed += 1
+            yield batch
+
+    def weight(self, micro_batch_samples: int) -> float:
+        """Factor for a micro-batch's *mean* loss so the step's gradient is the mean over
+        all of its samples, whatever the micro-batch split."""
+        return micro_batch_samples / self.samples
+
+
+class Run:
+    """One training run: its identity, its batch layout, its snapshots."""
+
+    def __init__(
+        self,
+        run_id: str | None = None,
+        *,
+        global_batch: int,
+        micro_batch: int | None = None,
+        store: str | os.PathLike[str] | Store | None = None,
+        amp: str | None = None,
+        seed: int = 0,
+        shadow_every: int = 10,
+        persist_every: int | None = None,
+        persist_seconds: float | None = 300.0,
+        keep: int = 3,
+        world_size: int = 1,
+    ) -> None:
+        self.run_id = _run_id(run_id)
+        self.store = open_store(store)
+        self.seed = seed
+        self.global_batch, self.world_size = _positive(global_batch, "global_batch"), world_size
+        self.micro_batch = _positive(_env_int(ENV_MICRO_BATCH) or micro_batch or global_batch,
+                                     "micro_batch")
+        self.accumulation = _accumulation(self.global_batch, self.micro_batch, world_size)
+        self.amp = parse_amp(os.environ.get(ENV_AMP, amp))
+        self.shadow_every = _positive(shadow_every, "shadow_every")
+        self.persist_every, self.persist_seconds = persist_every, persist_seconds
+        self.extra: dict[str, Any] = {}
+        self.step = self.epoch = self.samples_consumed = self.samples_in_epoch = 0
+        self.components = state_mod.Components()
+        self.restored: state_mod.RestoreReport | None = None
+        self._tiers = snapshot.Tiers(self.store, self.run_id, keep=keep,
+                                     on_commit=self._on_commit)
+        self._sampler: ResumableSampler | None = None
+        self._saved_sampler: dict | None = None
+        self._in_step = False
+        self._requested: str | None = None
+        self._last_persist = time.monotonic()
+        self._peak_memory: dict[str, int] = {}
+
+    # -- set-up -------------------------------------------------------------------------
+
+    def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+               scheduler: Any | None = None, scaler: Any | None = None
+               ) -> state_mod.RestoreReport | None:
+        """Register what to snapshot and restore the newest complete snapshot, if any."""
+        self.components = state_mod.Components(model, optimizer, scheduler, scaler)
+        manifest = snapshot.read_manifest(self.store, self.run_id)
+        if manifest is None:
+            events.append(self.store, self.run_id, "start", **self._layout())
+            return None
+        self.restored = self._restore(manifest)
+        events.append(self.store, self.run_id, "resume", step=self.restored.step,
+                      notes=self.restored.notes, **self._layout())
+        return self.restored
+
+    def _restore(self, manifest: dict) -> state_mod.RestoreReport:
+        batch = manifest.get("batch", {})
+        if batch.get("global") != self.global_batch:
+            raise SnapshotError(
+                f"the snapshot's global batch is {batch.get('global')}, this run's "
+                f"{self.global_batch}: burst never changes the global batch silently"
+            )
+        tensors = snapshot.load_tensors(self.store, manifest)
+        saved = state_mod.decode(manifest, tensors)
+        saved_amp = manifest.get("amp", {}).get("dtype")
+        notes = state_mod.restore(self.components, saved, saved_amp=saved_amp, amp=self._amp())
+        if batch.get("micro") != self.micro_batch:
+            notes.append(f"micro-batch {batch.get('micro')} -> {self.micro_batch}, "
+                         f"accumulation {batch.get('accumulation')} -> {self.accumulation}")
+        if saved_amp != self._amp():
+            notes.append(f"precision {saved_amp or 'fp32'} -> {self._amp() or 'fp32'}")
+        counters = manifest["counters"]
+        self.step, self.epoch = counters["step"], counters["epoch"]
+        self.samples_consumed = counters["samples_consumed"]
+        self.samples_in_epoch = counters["samples_in_epoch"]
+        self.extra = saved.get("extra") or {}
+        self._saved_sampler = manifest.get("sampler")
+        return state_mod.RestoreReport(self.step, self.epoch, self.samples_consumed,
+                                       manifest.get("reason", "unknown"), notes)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def epochs(self, count: int) -> Iterator[int]:
+        """Epoch numbers from the restored one up to ``count`` (exclusive)."""
+        while self.epoch < count:
+            yield self.epoch
+            self.epoch += 1
+            self.samples_in_epoch = 0
+
+    def steps(self, loader: DataLoader) -> Iterator[Step]:
+        """The optimizer steps of the current epoch, from the next unconsumed sample."""
+        sampler = self._check_loader(loader)
+        sampler.set_epoch(self.epoch, start=self.samples_in_epoch)
+        # DataLoader draws worker seeds from this generator, not from the global RNG, so
+        # starting an iterator mid-epoch after a resume does not shift the training RNG.
+        loader.generator = torch.Generator().manual_seed(derive_seed("loader", self.seed,
+                                                                     self.epoch, bits=63))
+        batches = iter(loader)
+        for samples in self._step_sizes(len(sampler), loader.drop_last):
+            micro_batches = math.ceil(samples / self.micro_batch)
+            current = Step(self.step + 1, self.epoch, samples, micro_batches, batches)
+            self._in_step = True
+            yield current
+            self._in_step = False
+            if current.consumed != micro_batches:
+                raise ConfigError(f"step {current.index} used {current.consumed} of its "
+                                  f"{micro_batches} micro-batches: iterate the whole step")
+            self._complete_step(samples)
+
+    def _check_loader(self, loader: DataLoader) -> ResumableSampler:
+        sampler = loader.sampler
+        if not isinstance(sampler, ResumableSampler):
+            raise ConfigError("run.steps() needs a DataLoader with sampler=burst.ResumableSampler")
+        if loader.batch_size != self.micro_batch:
+            raise ConfigError(f"the DataLoader's batch_size is {loader.batch_size}, the run's "
+                              f"micro-batch {self.micro_batch}: use batch_size=run.micro_batch")
+        sampler.global_batch = self.global_batch
+        if self._saved_sampler is not None:
+            _check_same_data(self._saved_sampler, sampler.state())
+            self._saved_sampler = None
+        self._sampler = sampler
+        return sampler
+
+    def _step_sizes(self, remaining: int, loader_drops_last: bool) -> Iterator[int]:
+        if loader_drops_last:
+            remaining = remaining // self.micro_batch * self.micro_batch
+        while remaining > 0:
+            samples = min(self.global_batch, remaining)
+            remaining -= samples
+            yield samples
+
+    def _complete_step(self, samples: int) -> None:
+        self.step += 1
+        self.samples_consumed += samples
+        self.samples_in_epoch += samples
+        self._record_memory()
+        reason, self._requested = self._requested, None
+        persist = reason is not None or self._persist_due()
+        if persist or self.step % self.shadow_every == 0:
+            self._capture(reason or "periodic", persist=persist)
+
+    def _persist_due(self) -> bool:
+        if self.persist_every and self.step % self.persist_every == 0:
+            return True
+        return (self.persist_seconds is not None
+                and time.monotonic() - self._last_persist >= self.persist_seconds)
+
+    # -- snapshots ----------------------------------------------------------------------
+
+    def snapshot(self, reason: str = "manual", wait: bool = False) -> None:
+        """Snapshot now if between steps, else at the end of the current step."""
+        if self._in_step:
+            self._requested = reason
+            return
+        self._capture(reason, persist=True)
+        if wait:
+            self.flush()
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until every queued snapshot is in the store; raise if one failed."""
+        self._tiers.flush(timeout)
+
+    def close(self) -> None:
+        """Snapshot the final state and wait for it to be stored."""
+        self._capture("final", persist=True)
+        self.flush()
+        events.append(self.store, self.run_id, "finish", step=self.step)
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type: type | None, *_: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            with contextlib.suppress(Exception):
+                self.flush()
+
+    def _capture(self, reason: str, persist: bool) -> snapshot.Captured:
+        tree, live = state_mod.capture(self.components, self.extra)
+        captured = self._tiers.capture(self.step, tree, live, self._meta(reason), persist=persist)
+        if persist:
+            self._last_persist = time.monotonic()
+        return captured
+
+    def _on_commit(self, manifest: dict) -> None:
+        events.append(self.store, self.run_id, "snapshot", step=manifest["step"],
+                      reason=manifest["reason"])
+
+    def _meta(self, reason: str) -> dict[str, Any]:
+        return {
+            "reason": reason,
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "counters": {"step": self.step, "epoch": self.epoch,
+                         "samples_consumed": self.samples_consumed,
+                         "samples_in_epoch": self.samples_in_epoch},
+            "batch": self._layout(),
+            "amp": {"dtype": self._amp()},
+            "sampler": self._sampler.state() if self._sampler else self._saved_sampler,
+            "versions": {"torch": torch.__version__, "python": platform.python_version(),
+                         "cuda": torch.version.cuda, "platform": sys.platform},
+            "card": _card_name(),
+            "memory": {"peak_bytes_by_micro_batch": dict(self._peak_memory)},
+            "lockfile_hash": None,
+            "code_ref": None,
+        }
+
+    def _layout(self) -> dict[str, int]:
+        return {"global": self.global_batch, "micro": self.micro_batch,
+                "accumulation": self.accumulation, "world_size": self.world_size}
+
+    def _amp(self) -> str | None:
+        scaler = self.components.scaler
+        if self.amp is None and scaler is not None and scaler.is_enabled():
+            return "fp16"  # a user-managed fp16 autocast: the scaler gives it away
+        return self.amp
+
+    def autocast(self, device_type: str | None = None) -> contextlib.AbstractContextManager:
+        """``torch.autocast`` for the run's precision (a no-op in full precision)."""
+        if self.amp is None:
+            return contextlib.nullcontext()
+        device = device_type or _device_of(self.components.model)
+        return torch.autocast(device, dtype=AMP_DTYPES[self.amp])
+
+    def _record_memory(self) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            key = str(self.micro_batch)
+            peak = torch.cuda.max_memory_allocated()
+            self._peak_memory[key] = max(self._peak_memory.get(key, 0), peak)
+
+
+def _run_id(run_id: str | None) -> str:
+    run_id = run_id or os.environ.get(ENV_RUN_ID)
+    if not run_id:
+        raise ConfigError(f"give the run an id: Run('name') or ${ENV_RUN_ID}")
+    try:
+        check_key(run_id)
+    except SnapshotError:
+        raise ConfigError(f"run id {run_id!r} may hold only letters, digits and ._=+@-") from None
+    return run_id
+
+
+def _positive(value: int, name: str) -> int:
+    if not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"${name} must be an integer, got {raw!r}") from None
+
+
+def _accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
+    per_step = micro_batch * world_size
+    if global_batch % per_step:
+        raise ConfigError(f"global batch {global_batch} is not a multiple of micro-batch "
+                          f"{micro_batch} x world size {world_size}")
+    return global_batch // per_step
+
+
+def _check_same_data(saved: dict, live: dict) -> None:
+    for key in ("num_samples", "seed", "shuffle", "drop_last"):
+        if saved.get(key) != live.get(key):
+            raise SnapshotError(f"the data differs from the snapshot's: sampler {key} was "
+                                f"{saved.get(key)!r}, now {live.get(key)!r}")
+
+
+def _device_of(model: torch.nn.Module | None) -> str:
+    if model is not None:
+        for param in model.parameters():
+            return param.device.type
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _card_name() -> str:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.get_device_name()
+    return "cpu"

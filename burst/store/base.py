@@ -1,0 +1,58 @@
+"""The ``Store`` protocol: the one interface every storage backend implements.
+
+A store is a flat namespace of keys under a root URL. Keys look like relative POSIX paths
+(``<run-id>/blobs/ab/ab12...``). Writes are all-or-nothing: a reader sees either the
+whole object or nothing, never a prefix of it. That single guarantee is what makes the
+snapshot commit (blobs first, manifest last) crash-safe on every backend.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Protocol, runtime_checkable
+
+from burst.errors import SnapshotError
+
+_SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._=+@-]+$")
+
+
+@runtime_checkable
+class Store(Protocol):
+    """Key/value object storage with atomic writes."""
+
+    url: str
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        """Write ``data`` under ``key`` atomically, replacing any previous object."""
+
+    def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
+        """Write only if ``key`` does not exist; return False (and write nothing) if it does."""
+
+    def get(self, key: str) -> bytes:
+        """Return the whole object; raise ``KeyError`` if it does not exist."""
+
+    def read_into(self, key: str, buffer: memoryview) -> int:
+        """Fill ``buffer`` from the object; return the object's size (may exceed the buffer)."""
+
+    def size(self, key: str) -> int | None:
+        """Return the object's size in bytes, or None if it does not exist."""
+
+    def list(self, prefix: str) -> list[str]:
+        """Return every key that starts with ``prefix``, sorted."""
+
+    def delete(self, key: str) -> None:
+        """Remove ``key``; a missing key is not an error."""
+
+
+def check_key(key: str) -> str:
+    """Reject keys that could escape the store root or a run's prefix.
+
+    Keys come from manifests, which may be hostile; a key with ``..``, an absolute path,
+    a backslash or an empty segment is refused before any backend sees it.
+    """
+    if not key or key.startswith("/") or "\\" in key:
+        raise SnapshotError(f"refusing unsafe store key {key!r}")
+    for segment in key.split("/"):
+        if segment in ("", ".", "..") or not _SAFE_SEGMENT.match(segment):
+            raise SnapshotError(f"refusing unsafe store key {key!r}")
+    return key

@@ -1,0 +1,113 @@
+"""A store on a local (or mounted) filesystem directory.
+
+Atomicity comes from the classic recipe: write a temporary file in the same directory,
+``fsync`` it, ``os.replace`` it into place, then ``fsync`` the directory so the rename
+itself survives a power cut.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from pathlib import Path
+
+from burst.store.base import check_key
+
+
+class LocalStore:
+    """Objects are plain files under ``root``; keys are relative paths."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root).expanduser().resolve()
+        self.url = self.root.as_uri()
+
+    def _path(self, key: str) -> Path:
+        return self.root / check_key(key)
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+        _fsync_dir(path.parent)
+
+    def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
+        path = self._path(key)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)  # link() fails if the target exists: an atomic create
+            except FileExistsError:
+                return False
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        _fsync_dir(path.parent)
+        return True
+
+    def get(self, key: str) -> bytes:
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            raise KeyError(key) from None
+
+    def read_into(self, key: str, buffer: memoryview) -> int:
+        try:
+            with open(self._path(key), "rb", buffering=0) as f:
+                size = os.fstat(f.fileno()).st_size
+                filled = 0
+                while filled < len(buffer):
+                    n = f.readinto(buffer[filled:])
+                    if not n:
+                        break
+                    filled += n
+                return size
+        except (FileNotFoundError, NotADirectoryError):
+            raise KeyError(key) from None
+
+    def size(self, key: str) -> int | None:
+        try:
+            return self._path(key).stat().st_size
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def list(self, prefix: str) -> list[str]:
+        base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
+        if not base.is_dir():
+            return []
+        keys = []
+        for dirpath, _dirs, files in os.walk(base):
+            for name in files:
+                if name.startswith("."):
+                    continue  # temporary files of writes in progress
+                key = Path(dirpath, name).relative_to(self.root).as_posix()
+                if key.startswith(prefix):
+                    keys.append(key)
+        return sorted(keys)
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._path(key).unlink()
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

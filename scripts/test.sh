@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Install everything and run the whole test suite (what CI runs: .ci/run calls this).
+# The tests start their own servers on 127.0.0.1 (an S3-compatible server, OpenSSH);
+# this script only makes sure the programs exist.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/setup.sh
+if ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
+  echo "installing openssh-server for the SFTP tests" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null && apt-get install -y -qq openssh-server >/dev/null
+fi
+.venv/bin/ruff check burst tests scripts
+exec .venv/bin/python -m pytest "$@"
