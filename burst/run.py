@@ -30,6 +30,7 @@ import os
 import platform
 import sys
 import time
+import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -108,7 +109,7 @@ class Run:
                                      on_commit=self._on_commit)
         self._sampler: ResumableSampler | None = None
         self._saved_sampler: dict | None = None
-        self._in_step = False
+        self._in_step = self._optimizer_stepped = False
         self._requested: str | None = None
         self._last_persist = time.monotonic()
         self._peak_memory: dict[str, int] = {}
@@ -120,14 +121,19 @@ class Run:
                ) -> state_mod.RestoreReport | None:
         """Register what to snapshot and restore the newest complete snapshot, if any."""
         self.components = state_mod.Components(model, optimizer, scheduler, scaler)
+        if optimizer is not None:
+            optimizer.register_step_post_hook(self._on_optimizer_step)
         manifest = snapshot.read_manifest(self.store, self.run_id)
         if manifest is None:
-            events.append(self.store, self.run_id, "start", **self._layout())
+            self._event("start", **self._layout())
             return None
         self.restored = self._restore(manifest)
-        events.append(self.store, self.run_id, "resume", step=self.restored.step,
-                      notes=self.restored.notes, **self._layout())
+        self._event("resume", step=self.restored.step, notes=self.restored.notes,
+                    **self._layout())
         return self.restored
+
+    def _on_optimizer_step(self, *_: object) -> None:
+        self._optimizer_stepped = True
 
     def _restore(self, manifest: dict) -> state_mod.RestoreReport:
         batch = manifest.get("batch", {})
@@ -175,8 +181,14 @@ class Run:
         for samples in self._step_sizes(len(sampler), loader.drop_last):
             micro_batches = math.ceil(samples / self.micro_batch)
             current = Step(self.step + 1, self.epoch, samples, micro_batches, batches)
-            self._in_step = True
-            yield current
+            self._in_step, self._optimizer_stepped = True, False
+            try:
+                yield current
+            except GeneratorExit:  # the loop was left with break/return/an exception
+                self._in_step = False
+                if current.consumed == micro_batches and self._optimizer_stepped:
+                    self._complete_step(samples)
+                raise
             self._in_step = False
             if current.consumed != micro_batches:
                 raise ConfigError(f"step {current.index} used {current.consumed} of its "
@@ -240,7 +252,7 @@ class Run:
         """Snapshot the final state and wait for it to be stored."""
         self._capture("final", persist=True)
         self.flush()
-        events.append(self.store, self.run_id, "finish", step=self.step)
+        self._event("finish", step=self.step)
 
     def __enter__(self) -> Run:
         return self
@@ -260,8 +272,14 @@ class Run:
         return captured
 
     def _on_commit(self, manifest: dict) -> None:
-        events.append(self.store, self.run_id, "snapshot", step=manifest["step"],
-                      reason=manifest["reason"])
+        self._event("snapshot", step=manifest["step"], reason=manifest["reason"])
+
+    def _event(self, kind: str, **fields: Any) -> None:
+        """Record an event; the history is worth less than the run, so failures only warn."""
+        try:
+            events.append(self.store, self.run_id, kind, **fields)
+        except Exception as exc:
+            warnings.warn(f"burst: could not record {kind!r} event: {exc}", stacklevel=3)
 
     def _meta(self, reason: str) -> dict[str, Any]:
         return {

@@ -43,6 +43,7 @@ def main() -> None:
     p.add_argument("--micro-batch", type=int, default=8)
     p.add_argument("--workers", type=int, default=0)
     p.add_argument("--drop-last", action="store_true")
+    p.add_argument("--loader-drop-last", action="store_true")
     p.add_argument("--no-shuffle", action="store_true")
     p.add_argument("--scaler", action="store_true")
     p.add_argument("--persist-every", type=int, default=3)
@@ -70,7 +71,7 @@ def main() -> None:
     sampler = burst.ResumableSampler(data, seed=3, shuffle=not args.no_shuffle,
                                      drop_last=args.drop_last)
     loader = DataLoader(data, batch_size=run.micro_batch, sampler=sampler,
-                        num_workers=args.workers)
+                        num_workers=args.workers, drop_last=args.loader_drop_last)
     kill_step, kill_micro = (map(int, args.kill_at.split(":")) if args.kill_at else (-1, -1))
 
     with open(args.records, "a") as records:

@@ -1,0 +1,126 @@
+"""Benchmark: what a snapshot costs the training loop, and how fast a restore is.
+
+For a state of about 1 GB (a model plus its Adam moments) this prints, side by side in
+one process:
+
+- blocked: how long ``run.snapshot()`` holds the training loop (the RAM-shadow copy);
+- floor: a plain copy of the same tensors into preallocated host memory;
+- torch.save: writing the same state with ``torch.save`` to the same disk;
+- restore: ``Run.attach`` (read, verify every hash, load) vs ``torch.load`` + load_state_dict.
+
+Targets (issue 2): blocked <= 2x floor and < 0.3x torch.save; restore <= torch.load.
+Figures are ratios measured in the same run, never absolute timings checked in tests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+import burst
+
+
+def build(gigabytes: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """A model with Adam state: parameters are a third of the bytes, moments two thirds."""
+    params_total = int(gigabytes * (1 << 30) / 4 / 3)
+    layers, width = 8, 4096
+    per_layer = params_total // layers
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, per_layer // width, bias=True)
+                                  for _ in range(layers)])
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-4)
+    for p in model.parameters():
+        p.grad = torch.zeros_like(p)
+    optimizer.step()  # materialise exp_avg / exp_avg_sq
+    return model, optimizer
+
+
+def timed(fn, repeat: int) -> list[float]:
+    out = []
+    for _ in range(repeat):
+        gc.collect()
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
+def state_bytes(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    tensors = list(model.state_dict().values())
+    tensors += [v for s in optimizer.state.values() for v in s.values()
+                if isinstance(v, torch.Tensor)]
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--gb", type=float, default=1.0, help="state size in GiB")
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="where to write (default: a temp dir)")
+    args = parser.parse_args()
+    torch.set_num_threads(2)
+    workdir = Path(tempfile.mkdtemp(prefix="burst-bench-", dir=args.dir))
+    model, optimizer = build(args.gb)
+    size = state_bytes(model, optimizer)
+    print(f"state: {size / (1 << 30):.2f} GiB in {len(model.state_dict())} model tensors "
+          f"+ Adam moments; writing to {workdir}")
+
+    live = {**{f"m/{k}": v for k, v in model.state_dict().items()},
+            **{f"o/{i}/{k}": v for i, s in optimizer.state.items() for k, v in s.items()}}
+    buffers = {k: torch.empty_like(v) for k, v in live.items()}
+
+    def floor() -> None:
+        for k, v in live.items():
+            buffers[k].copy_(v)
+
+    run = burst.Run("bench", store=workdir / "store", global_batch=1, persist_seconds=None,
+                    keep=1)
+    run.attach(model, optimizer)
+    run.snapshot(wait=True)  # first snapshot allocates the shadow buffers
+
+    def blocked() -> None:
+        run.snapshot()  # returns once the RAM copy is done; the write goes on behind
+
+    floor()  # touch the buffers once, as the run's first snapshot touched its shadow
+    floor_times = timed(floor, args.repeat)
+    blocked_times = []
+    for _ in range(args.repeat):
+        blocked_times += timed(blocked, 1)
+        run.flush()  # let the background write finish before the next measurement
+    saved = workdir / "torch.pt"
+    full_state = {"model": model.state_dict(), "optimizer": optimizer.state_dict()}
+    save_times = timed(lambda: torch.save(full_state, saved), args.repeat)
+
+    def burst_restore() -> None:
+        burst.Run("bench", store=workdir / "store", global_batch=1).attach(model, optimizer)
+
+    def torch_restore() -> None:
+        loaded = torch.load(saved, weights_only=True)
+        model.load_state_dict(loaded["model"])
+        optimizer.load_state_dict(loaded["optimizer"])
+
+    restore_times = timed(burst_restore, args.repeat)
+    load_times = timed(torch_restore, args.repeat)
+
+    med = statistics.median
+    rows = [
+        ("loop blocked per snapshot (burst)", med(blocked_times)),
+        ("plain copy of the same bytes (floor)", med(floor_times)),
+        ("torch.save to the same disk", med(save_times)),
+        ("restore: burst (read + verify + load)", med(restore_times)),
+        ("restore: torch.load + load_state_dict", med(load_times)),
+    ]
+    for label, seconds in rows:
+        print(f"{label:<40} {seconds * 1000:9.1f} ms  {size / seconds / (1 << 30):6.2f} GiB/s")
+    print(f"blocked / floor      = {med(blocked_times) / med(floor_times):.2f}x  (target <= 2)")
+    print(f"blocked / torch.save = {med(blocked_times) / med(save_times):.2f}x  (target < 0.3)")
+    print(f"restore / torch.load = {med(restore_times) / med(load_times):.2f}x  (target <= 1)")
+
+
+if __name__ == "__main__":
+    main()

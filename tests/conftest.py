@@ -1,0 +1,62 @@
+"""Shared test helpers: run the example training program in a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "scripts" / "example_train.py"
+
+
+def run_example(workdir: Path, run_id: str, *args: str, env: dict | None = None
+                ) -> subprocess.CompletedProcess:
+    """Run scripts/example_train.py; records go to <workdir>/<run_id>.jsonl."""
+    cmd = [sys.executable, str(EXAMPLE), "--run-id", run_id, "--store", str(workdir / "store"),
+           "--records", str(workdir / f"{run_id}.jsonl"), "--final", str(workdir / f"{run_id}.pt"),
+           *args]
+    full_env = {**os.environ, "PYTHONHASHSEED": "0", **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=240,
+                          check=False)
+
+
+def step_records(path: Path) -> list[dict]:
+    """Per-step records; a step replayed after a crash replaces the crashed attempt's."""
+    latest: dict[int, dict] = {}
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        latest[record["step"]] = record
+    return [latest[k] for k in sorted(latest)]
+
+
+def final_state(workdir: Path, run_id: str) -> dict:
+    return torch.load(workdir / f"{run_id}.pt", weights_only=True)
+
+
+def assert_same(a: object, b: object, path: str = "") -> None:
+    """Bitwise equality of nested state (tensors compared with torch.equal and dtype)."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor), path
+        assert a.dtype == b.dtype and a.shape == b.shape, path
+        assert torch.equal(a, b), f"{path} differs"
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys(), path
+        for key in a:
+            assert_same(a[key], b[key], f"{path}/{key}")
+    elif isinstance(a, list | tuple):
+        assert type(a) is type(b) and len(a) == len(b), path
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            assert_same(x, y, f"{path}/{i}")
+    else:
+        assert a == b, f"{path}: {a!r} != {b!r}"
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "store"
