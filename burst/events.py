@@ -2,8 +2,8 @@
 
 Starts, resumes, snapshots, failures and launches all land here, so ``burst status``
 and the planner can read what happened without asking the process that did it.
-Object stores cannot append, so an append is a read-modify-write under a process-wide
-lock; losing an event to a crash is acceptable, losing a snapshot is not, which is why
+Local files are appended to in one write (the agent and the training process share
+the file); object stores cannot append, so there it is a read-modify-write under a lock; losing an event to a crash is acceptable, losing a snapshot is not, which is why
 snapshots never depend on this file.
 """
 
@@ -23,10 +23,13 @@ def key(run_id: str) -> str:
     return f"{run_id}/events.jsonl"
 
 
-def append(store: Store, run_id: str, kind: str, **fields: Any) -> dict:
-    event = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"), "event": kind,
-             **fields}
+def append(store: Store, run_id: str, event_name: str, /, **fields: Any) -> dict:
+    event = {"time": datetime.now(UTC).isoformat(timespec="milliseconds"),
+             "event": event_name, **fields}
     line = json.dumps(event, sort_keys=True, default=str) + "\n"
+    if hasattr(store, "append"):  # a local file: a true append, safe across processes
+        store.append(key(run_id), line.encode())
+        return event
     with _LOCK:
         try:
             existing = store.get(key(run_id))

@@ -32,19 +32,23 @@ import sys
 import time
 import warnings
 from collections.abc import Iterator
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader
 
-from burst import events, snapshot
+from burst import dist_state, events, failure, faults, freeze, partition, rng, snapshot, sync
 from burst import state as state_mod
 from burst.amp import AMP_DTYPES, parse_amp
+from burst.distributed import Group, unwrap
 from burst.errors import ConfigError, SnapshotError
+from burst.guard import DEFAULT_GRACE_SECONDS, Guard
 from burst.sampler import ResumableSampler, derive_seed
-from burst.store import Store, open_store
+from burst.store import Store, default_local_url, is_local, open_store
 from burst.store.base import check_key
+from burst.upload import UploadQueue
 
 ENV_RUN_ID = "BURST_RUN_ID"
 ENV_MICRO_BATCH = "BURST_MICRO_BATCH"
@@ -55,22 +59,28 @@ class Step:
     """One optimizer step: iterate it for its micro-batches, then step the optimizer."""
 
     def __init__(self, index: int, epoch: int, samples: int, micro_batches: int,
-                 batches: Iterator[Any]) -> None:
+                 batches: Iterator[Any], injector: faults.Injector | None = None,
+                 world_size: int = 1) -> None:
         self.index, self.epoch = index, epoch
+        self.world_size = world_size
         self.samples, self.micro_batches = samples, micro_batches
-        self._batches = batches
+        self._batches, self._injector = batches, injector
         self.consumed = 0
 
     def __iter__(self) -> Iterator[Any]:
         while self.consumed < self.micro_batches:
+            if self._injector is not None:
+                self._injector.before_micro_batch(self.index, self.consumed)
             batch = next(self._batches)
             self.consumed += 1
             yield batch
 
     def weight(self, micro_batch_samples: int) -> float:
         """Factor for a micro-batch's *mean* loss so the step's gradient is the mean over
-        all of its samples, whatever the micro-batch split."""
-        return micro_batch_samples / self.samples
+        all of its samples, whatever the micro-batch split. ``samples`` counts all ranks;
+        the factor includes the world size because DDP and FSDP *average* the ranks'
+        gradients."""
+        return micro_batch_samples * self.world_size / self.samples
 
 
 class Run:
@@ -83,21 +93,27 @@ class Run:
         global_batch: int,
         micro_batch: int | None = None,
         store: str | os.PathLike[str] | Store | None = None,
+        local: str | os.PathLike[str] | None = None,
         amp: str | None = None,
         seed: int = 0,
         shadow_every: int = 10,
         persist_every: int | None = None,
         persist_seconds: float | None = 300.0,
         keep: int = 3,
-        world_size: int = 1,
+        world_size: int | None = None,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
     ) -> None:
         self.run_id = _run_id(run_id)
+        # world_size=None: whatever torch.distributed runs (burst.distributed.init_from_env)
+        self._group = Group.for_run(world_size)
+        self.rank, self.world_size = self._group.rank, self._group.world_size
         self.store = open_store(store)
+        self.local, self._uploads = _local_tier(self.store, self.run_id, local)
         self.seed = seed
-        self.global_batch, self.world_size = _positive(global_batch, "global_batch"), world_size
+        self.global_batch = _positive(global_batch, "global_batch")
         self.micro_batch = _positive(_env_int(ENV_MICRO_BATCH) or micro_batch or global_batch,
                                      "micro_batch")
-        self.accumulation = _accumulation(self.global_batch, self.micro_batch, world_size)
+        self.accumulation = _accumulation(self.global_batch, self.micro_batch, self.world_size)
         self.amp = parse_amp(os.environ.get(ENV_AMP, amp))
         self.shadow_every = _positive(shadow_every, "shadow_every")
         self.persist_every, self.persist_seconds = persist_every, persist_seconds
@@ -105,11 +121,15 @@ class Run:
         self.step = self.epoch = self.samples_consumed = self.samples_in_epoch = 0
         self.components = state_mod.Components()
         self.restored: state_mod.RestoreReport | None = None
-        self._tiers = snapshot.Tiers(self.store, self.run_id, keep=keep,
+        self._tiers = snapshot.Tiers(self.local, self.run_id, keep=keep,
                                      on_commit=self._on_commit)
         self._sampler: ResumableSampler | None = None
         self._saved_sampler: dict | None = None
-        self._in_step = self._optimizer_stepped = False
+        self._in_step = self._optimizer_stepped = self._in_optimizer_step = False
+        self._boundary_rng: dict | None = None
+        self._boundary_buffers: dict[str, torch.Tensor] = {}
+        self._injector = faults.Injector.from_env()
+        self._guard = Guard(self, grace_seconds)
         self._requested: str | None = None
         self._last_persist = time.monotonic()
         self._peak_memory: dict[str, int] = {}
@@ -120,10 +140,15 @@ class Run:
                scheduler: Any | None = None, scaler: Any | None = None
                ) -> state_mod.RestoreReport | None:
         """Register what to snapshot and restore the newest complete snapshot, if any."""
-        self.components = state_mod.Components(model, optimizer, scheduler, scaler)
+        self.components = state_mod.Components(unwrap(model), optimizer, scheduler, scaler)
         if optimizer is not None:
+            optimizer.register_step_pre_hook(self._before_optimizer_step)
             optimizer.register_step_post_hook(self._on_optimizer_step)
-        manifest = snapshot.read_manifest(self.store, self.run_id)
+        self._guard.install()
+        freeze.prefetch(self.store, self.run_id)  # environment + code, off the training thread
+        manifest = dist_state.newest_manifest(  # rank 0 chooses; every rank reads that one
+            self._group, self._newest_manifest,
+            lambda step: dist_state.manifest_at(self.local, self.store, self.run_id, step))
         if manifest is None:
             self._event("start", **self._layout())
             return None
@@ -132,7 +157,12 @@ class Run:
                     **self._layout())
         return self.restored
 
+    def _before_optimizer_step(self, *_: object) -> None:
+        self._in_optimizer_step = True
+        self._injector.in_optimizer_step(self.step + 1)
+
     def _on_optimizer_step(self, *_: object) -> None:
+        self._in_optimizer_step = False
         self._optimizer_stepped = True
 
     def _restore(self, manifest: dict) -> state_mod.RestoreReport:
@@ -142,10 +172,12 @@ class Run:
                 f"the snapshot's global batch is {batch.get('global')}, this run's "
                 f"{self.global_batch}: burst never changes the global batch silently"
             )
-        tensors = snapshot.load_tensors(self.store, manifest)
+        tensors = snapshot.load_tensors(self.local, manifest)
         saved = state_mod.decode(manifest, tensors)
         saved_amp = manifest.get("amp", {}).get("dtype")
-        notes = state_mod.restore(self.components, saved, saved_amp=saved_amp, amp=self._amp())
+        notes = dist_state.restore(self.components, saved, self._group, saved_amp=saved_amp,
+                                   amp=self._amp(), seed=self.seed, step=manifest["step"],
+                                   saved_world_size=batch.get("world_size") or 1)
         if batch.get("micro") != self.micro_batch:
             notes.append(f"micro-batch {batch.get('micro')} -> {self.micro_batch}, "
                          f"accumulation {batch.get('accumulation')} -> {self.accumulation}")
@@ -178,9 +210,11 @@ class Run:
         loader.generator = torch.Generator().manual_seed(derive_seed("loader", self.seed,
                                                                      self.epoch, bits=63))
         batches = iter(loader)
-        for samples in self._step_sizes(len(sampler), loader.drop_last):
-            micro_batches = math.ceil(samples / self.micro_batch)
-            current = Step(self.step + 1, self.epoch, samples, micro_batches, batches)
+        for samples, share in self._step_sizes(sampler.remaining(), loader.drop_last):
+            micro_batches = math.ceil(share / self.micro_batch)  # this rank's
+            self._mark_boundary()
+            current = Step(self.step + 1, self.epoch, samples, micro_batches, batches,
+                           self._injector, self.world_size)
             self._in_step, self._optimizer_stepped = True, False
             try:
                 yield current
@@ -203,19 +237,24 @@ class Run:
             raise ConfigError(f"the DataLoader's batch_size is {loader.batch_size}, the run's "
                               f"micro-batch {self.micro_batch}: use batch_size=run.micro_batch")
         sampler.global_batch = self.global_batch
+        sampler.rank, sampler.world_size = self.rank, self.world_size
+        if self.world_size > 1 and loader.drop_last:
+            raise ConfigError("on several ranks use ResumableSampler(drop_last=True), not the "
+                              "DataLoader's drop_last (it would drop per rank)")
         if self._saved_sampler is not None:
             _check_same_data(self._saved_sampler, sampler.state())
             self._saved_sampler = None
         self._sampler = sampler
         return sampler
 
-    def _step_sizes(self, remaining: int, loader_drops_last: bool) -> Iterator[int]:
+    def _step_sizes(self, remaining: int, loader_drops_last: bool
+                    ) -> Iterator[tuple[int, int]]:
+        """(samples on all ranks, this rank's share) of each step left in the epoch."""
         if loader_drops_last:
             remaining = remaining // self.micro_batch * self.micro_batch
-        while remaining > 0:
-            samples = min(self.global_batch, remaining)
-            remaining -= samples
-            yield samples
+        partition.check_lockstep(remaining, self.global_batch, self.micro_batch,
+                                 self.world_size)
+        return partition.rank_steps(remaining, self.global_batch, self.rank, self.world_size)
 
     def _complete_step(self, samples: int) -> None:
         self.step += 1
@@ -224,8 +263,21 @@ class Run:
         self._record_memory()
         reason, self._requested = self._requested, None
         persist = reason is not None or self._persist_due()
+        persist, reason = self._group.agree(persist, reason)  # every rank decides the same
         if persist or self.step % self.shadow_every == 0:
             self._capture(reason or "periodic", persist=persist)
+        if self._guard.stop_requested:
+            self._guard.stop_at_boundary()
+
+    def _mark_boundary(self) -> None:
+        """Remember what a partial step will disturb: the RNGs and the model's buffers
+        (BatchNorm statistics move in the forward pass). An OOM mid-step then still
+        yields the exact state of the last step boundary."""
+        self._boundary_rng = rng.capture()
+        model = self.components.model
+        if model is not None:
+            self._boundary_buffers = {name: b.detach().clone()
+                                      for name, b in model.named_buffers()}
 
     def _persist_due(self) -> bool:
         if self.persist_every and self.step % self.persist_every == 0:
@@ -236,52 +288,97 @@ class Run:
     # -- snapshots ----------------------------------------------------------------------
 
     def snapshot(self, reason: str = "manual", wait: bool = False) -> None:
-        """Snapshot now if between steps, else at the end of the current step."""
+        """Snapshot now if between steps, else at the end of the current step.
+
+        On several ranks a snapshot between steps is a collective: call it on every rank
+        (a request made during a step, on any rank, is agreed on at the step's end)."""
         if self._in_step:
             self._requested = reason
             return
         self._capture(reason, persist=True)
         if wait:
-            self.flush()
+            self._group.settle(self.flush)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Block until every queued snapshot is in the store; raise if one failed."""
+        """Block until every queued snapshot is in the store (uploaded, for a remote one);
+        raise if one failed or ``timeout`` seconds pass."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         self._tiers.flush(timeout)
+        if self._uploads is not None:
+            self._uploads.flush(None if deadline is None else deadline - time.monotonic())
 
     def close(self) -> None:
         """Snapshot the final state and wait for it to be stored."""
         self._capture("final", persist=True)
-        self.flush()
+        self._group.settle(self.flush)  # rank 0 stores it; every rank learns the outcome
         self._event("finish", step=self.step)
+        self._guard.uninstall()
 
     def __enter__(self) -> Run:
         return self
 
-    def __exit__(self, exc_type: type | None, *_: object) -> None:
-        if exc_type is None:
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, _tb: object) -> None:
+        if exc is None:
             self.close()
-        else:
-            with contextlib.suppress(Exception):
-                self.flush()
+            return
+        if failure.classify(exc) is not None:
+            code = self._guard.recover(exc)
+            raise SystemExit(code) from None
+        with contextlib.suppress(Exception):
+            self.flush()
 
-    def _capture(self, reason: str, persist: bool) -> snapshot.Captured:
-        tree, live = state_mod.capture(self.components, self.extra)
-        captured = self._tiers.capture(self.step, tree, live, self._meta(reason), persist=persist)
+    def _capture(self, reason: str, persist: bool) -> snapshot.Captured | None:
+        taken = dist_state.capture(self.components, self.extra, self._group)
+        captured = None
+        if taken is not None:  # rank 0 (the only writer on several ranks)
+            captured = self._tiers.capture(self.step, *taken, self._meta(reason),
+                                           persist=persist)
         if persist:
             self._last_persist = time.monotonic()
         return captured
 
+    def _capture_boundary(self, reason: str) -> None:
+        """Snapshot the live state as it was at the last step boundary (after an OOM)."""
+        tree, live = state_mod.capture(self.components, self.extra, rng_state=self._boundary_rng,
+                                       model_buffers=self._boundary_buffers)
+        self._tiers.capture(self.step, tree, live, self._meta(reason), persist=True)
+
+    def _persist_shadow(self, reason: str) -> int | None:
+        """Queue the newest RAM copy under ``reason`` without touching the device."""
+        latest = self._tiers.latest
+        if latest is None:
+            return None
+        self._tiers.persist(replace(latest, meta={**latest.meta, "reason": reason}))
+        return latest.step
+
     def _on_commit(self, manifest: dict) -> None:
         self._event("snapshot", step=manifest["step"], reason=manifest["reason"])
+        if self._uploads is not None:
+            self._uploads.submit(manifest["step"])
 
-    def _event(self, kind: str, **fields: Any) -> None:
+    def _newest_manifest(self) -> dict | None:
+        """The newest snapshot, pulled into the local tier first when the remote is newer."""
+        if self._uploads is not None:
+            local_steps = snapshot.list_steps(self.local, self.run_id)
+            remote_steps = snapshot.list_steps(self.store, self.run_id)
+            if remote_steps and (not local_steps or remote_steps[-1] > local_steps[-1]):
+                sync.pull(self.store, self.local, self.run_id,
+                          log=lambda msg: warnings.warn(f"burst: {msg}", stacklevel=4))
+        return snapshot.read_manifest(self.local, self.run_id)
+
+    def _event(self, name: str, /, **fields: Any) -> None:
         """Record an event; the history is worth less than the run, so failures only warn."""
+        if not self._group.is_writer:  # rank 0 tells the run's story; others add failures
+            if name in ("start", "resume", "finish"):
+                return
+            fields.setdefault("rank", self.rank)
         try:
-            events.append(self.store, self.run_id, kind, **fields)
+            events.append(self.store, self.run_id, name, **fields)
         except Exception as exc:
-            warnings.warn(f"burst: could not record {kind!r} event: {exc}", stacklevel=3)
+            warnings.warn(f"burst: could not record {name!r} event: {exc}", stacklevel=3)
 
     def _meta(self, reason: str) -> dict[str, Any]:
+        frozen = freeze.freeze_run(self.store, self.run_id)  # cached; never raises
         return {
             "reason": reason,
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
@@ -295,8 +392,8 @@ class Run:
                          "cuda": torch.version.cuda, "platform": sys.platform},
             "card": _card_name(),
             "memory": {"peak_bytes_by_micro_batch": dict(self._peak_memory)},
-            "lockfile_hash": None,
-            "code_ref": None,
+            "lockfile_hash": frozen.lockfile_hash,
+            "code_ref": frozen.code_ref,
         }
 
     def _layout(self) -> dict[str, int]:
@@ -332,6 +429,20 @@ def _run_id(run_id: str | None) -> str:
     except SnapshotError:
         raise ConfigError(f"run id {run_id!r} may hold only letters, digits and ._=+@-") from None
     return run_id
+
+
+def _local_tier(store: Store, run_id: str, local: str | os.PathLike[str] | None
+                ) -> tuple[Store, UploadQueue | None]:
+    """A remote store gets a local tier in front: snapshots commit to disk first (fast,
+    crash-safe) and upload in the background, so the loop never waits on the network."""
+    if is_local(store):
+        return store, None
+    tier = open_store(local or default_local_url())
+    if not is_local(tier):
+        raise ConfigError(f"local= must be a directory on this machine, got {tier.url}")
+    uploads = UploadQueue(tier, store, run_id)
+    uploads.catch_up()  # a snapshot a crash left un-uploaded goes up now
+    return tier, uploads
 
 
 def _positive(value: int, name: str) -> int:

@@ -25,6 +25,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, Sampler
 
+from burst import partition
+
 
 def derive_seed(*parts: object, bits: int = 32) -> int:
     """A stable seed from any parts (hash-based: no correlation between nearby inputs)."""
@@ -52,6 +54,10 @@ class ResumableSampler(Sampler[int]):
     ``drop_last`` drops the epoch's tail that would not fill a whole global batch (set by
     the run through ``global_batch``), so every optimizer step sees a full batch whatever
     the micro-batch split; the DataLoader's own ``drop_last`` works too but depends on it.
+
+    On several ranks (``rank``/``world_size``, set by the run) each rank yields only its
+    contiguous share of every global batch (:mod:`burst.partition`), so the ranks together
+    consume exactly the single-rank order, step by step.
     """
 
     def __init__(self, data: Sized | int, *, seed: int = 0, shuffle: bool = True,
@@ -59,6 +65,7 @@ class ResumableSampler(Sampler[int]):
         self.num_samples = data if isinstance(data, int) else len(data)
         self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
         self.global_batch: int | None = None
+        self.rank, self.world_size = 0, 1
         self.epoch = 0
         self.start = 0
 
@@ -80,11 +87,27 @@ class ResumableSampler(Sampler[int]):
 
     def __iter__(self) -> Iterator[int]:
         order = self.order(self.epoch)[self.start : self.epoch_length()]
+        if self.world_size > 1:
+            order = order[partition.rank_positions(len(order), self._split_batch(),
+                                                   self.rank, self.world_size)]
         epoch = self.epoch
         return (SampleIndex(int(i), epoch) for i in order)
 
     def __len__(self) -> int:
+        """This rank's samples left in the epoch."""
+        if self.world_size > 1:
+            return partition.rank_count(self.remaining(), self._split_batch(), self.rank,
+                                        self.world_size)
+        return self.remaining()
+
+    def remaining(self) -> int:
+        """Samples left in the epoch on all ranks together."""
         return max(self.epoch_length() - self.start, 0)
+
+    def _split_batch(self) -> int:
+        if not self.global_batch:
+            raise ValueError("a sampler split across ranks needs the run's global batch")
+        return self.global_batch
 
     def state(self) -> dict[str, Any]:
         return {"seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,

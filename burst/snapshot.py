@@ -281,21 +281,11 @@ def verify(store: Store, run_id: str, step: int | None = None) -> dict:
 def prune(store: Store, run_id: str, keep: int) -> list[int]:
     """Keep the newest ``keep`` snapshots; delete older manifests, then unreferenced blobs.
 
-    Manifests go first, so a crash midway leaves extra blobs (garbage), never a manifest
-    whose blobs are gone.
+    A thin wrapper over :func:`burst.retention.gc`, which owns the ordering that keeps this
+    safe against crashes and concurrent uploads; returns the dropped steps.
     """
-    steps = list_steps(store, run_id)
-    dropped = steps[:-keep] if keep > 0 else []
-    for step in dropped:
-        store.delete(fmt.manifest_key(run_id, step))
-    if not dropped:
+    from burst import retention  # retention reads manifests through this module
+
+    if keep < 1 or len(list_steps(store, run_id)) <= keep:
         return []
-    referenced: set[str] = set()
-    for step in steps[-keep:]:
-        manifest = read_manifest(store, run_id, step)
-        if manifest is not None:
-            referenced.update(manifest["blobs"])
-    for key in store.list(f"{run_id}/blobs/"):
-        if key.rsplit("/", 1)[-1] not in referenced:
-            store.delete(key)
-    return dropped
+    return retention.gc(store, run_id, keep_last=keep).dropped

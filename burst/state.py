@@ -40,19 +40,29 @@ class RestoreReport:
 
     def __str__(self) -> str:
         head = (f"resumed at step {self.step} (epoch {self.epoch}, "
-                f"{self.samples_consumed} samples consumed) from a {self.reason} snapshot")
+                f"{self.samples_consumed} samples consumed) from a snapshot "
+                f"taken on {self.reason}")
         return "; ".join([head, *self.notes])
 
 
-def capture(components: Components, extra: dict) -> tuple[dict, dict[str, torch.Tensor]]:
-    """The state as (JSON tree, live tensors by name)."""
+def capture(components: Components, extra: dict, rng_state: dict | None = None,
+            model_buffers: dict[str, torch.Tensor] | None = None
+            ) -> tuple[dict, dict[str, torch.Tensor]]:
+    """The state as (JSON tree, live tensors by name).
+
+    ``rng_state`` and ``model_buffers`` replace the live ones when the live ones have
+    moved on since the step boundary being captured (an OOM mid-step).
+    """
     tensors: dict[str, torch.Tensor] = {}
+    model_state = components.model.state_dict() if components.model is not None else None
+    if model_state is not None and model_buffers:
+        model_state.update({k: v for k, v in model_buffers.items() if k in model_state})
     state = {
-        "model": components.model.state_dict() if components.model is not None else None,
+        "model": model_state,
         "optimizer": _state_dict(components.optimizer),
         "scheduler": _state_dict(components.scheduler),
         "scaler": _state_dict(components.scaler),
-        "rng": rng.capture(),
+        "rng": rng_state if rng_state is not None else rng.capture(),
         "extra": extra,
     }
     return tree.encode(state, "state", tensors), tensors

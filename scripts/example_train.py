@@ -33,8 +33,8 @@ class NoisyPairs(Dataset):
 
 def main() -> None:
     p = argparse.ArgumentParser()
-    p.add_argument("--run-id", required=True)
-    p.add_argument("--store", required=True)
+    p.add_argument("--run-id", default=None, help="default: $BURST_RUN_ID")
+    p.add_argument("--store", default=None, help="default: $BURST_STORE or ./.burst")
     p.add_argument("--records", required=True)
     p.add_argument("--final", required=True)
     p.add_argument("--samples", type=int, default=100)
@@ -47,6 +47,9 @@ def main() -> None:
     p.add_argument("--no-shuffle", action="store_true")
     p.add_argument("--scaler", action="store_true")
     p.add_argument("--persist-every", type=int, default=3)
+    p.add_argument("--shadow-every", type=int, default=1)
+    p.add_argument("--flush", action="store_true",
+                   help="wait for each snapshot write (tests: makes the resume point exact)")
     p.add_argument("--kill-at", default="", help="STEP:MICRO: SIGKILL before that micro-batch")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -63,7 +66,7 @@ def main() -> None:
     scaler = torch.amp.GradScaler("cpu", init_scale=2.0**10, growth_interval=2) if args.scaler else None
 
     run = burst.Run(args.run_id, store=args.store, global_batch=args.global_batch,
-                    micro_batch=args.micro_batch, shadow_every=1,
+                    micro_batch=args.micro_batch, shadow_every=args.shadow_every,
                     persist_every=args.persist_every, keep=100)
     report = run.attach(model, optimizer, scheduler, scaler)
     if report:
@@ -93,6 +96,8 @@ def main() -> None:
                     optimizer.step()
                 optimizer.zero_grad()
                 scheduler.step()
+                if args.flush:
+                    run.flush()
                 records.write(json.dumps({"step": step.index, "epoch": epoch,
                                           "loss": total.hex(), "indices": indices}) + "\n")
                 records.flush()

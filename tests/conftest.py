@@ -14,13 +14,16 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "scripts" / "example_train.py"
 
+# Session fixtures for the store tests: real S3 servers and OpenSSH on 127.0.0.1.
+pytest_plugins = ["tests.store_servers"]
+
 
 def run_example(workdir: Path, run_id: str, *args: str, env: dict | None = None
                 ) -> subprocess.CompletedProcess:
     """Run scripts/example_train.py; records go to <workdir>/<run_id>.jsonl."""
     cmd = [sys.executable, str(EXAMPLE), "--run-id", run_id, "--store", str(workdir / "store"),
            "--records", str(workdir / f"{run_id}.jsonl"), "--final", str(workdir / f"{run_id}.pt"),
-           *args]
+           "--flush", *args]
     full_env = {**os.environ, "PYTHONHASHSEED": "0", **(env or {})}
     return subprocess.run(cmd, capture_output=True, text=True, env=full_env, timeout=240,
                           check=False)

@@ -40,9 +40,11 @@ def main() -> None:
 
 
 def _register() -> None:
-    from burst.cli import snapshots
+    from burst.cli import env, gc, plan, snapshots, transfer
+    from burst.cli import run as run_commands
 
-    for command in (*snapshots.COMMANDS,):
+    for command in (*snapshots.COMMANDS, *plan.COMMANDS, *env.COMMANDS, *transfer.COMMANDS,
+                    *gc.COMMANDS, *run_commands.COMMANDS):
         main.add_command(command)
 
 

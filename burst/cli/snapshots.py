@@ -1,40 +1,62 @@
-"""``burst ls``, ``burst show`` and ``burst verify``: look at a run's snapshots."""
+"""``burst ls``, ``burst show`` and ``burst verify``: look at a store's runs and snapshots."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 import click
 from rich.console import Console
 from rich.table import Table
 
 from burst import snapshot
-from burst.cli.options import json_option, store_option
+from burst.catalog import human_bytes, list_runs, snapshot_rows
+from burst.cli.options import json_option, store_option, store_settings
+from burst.cli.progress import transfer_bar
 from burst.errors import SnapshotError
-from burst.store import open_store
+from burst.store import Store, open_store
 
 
 @click.command("ls")
-@click.argument("run_id")
+@click.argument("run_id", required=False)
 @store_option
+@store_settings
 @json_option
-def list_snapshots(run_id: str, store_url: str, as_json: bool) -> None:
-    """List the complete snapshots of RUN_ID, oldest first."""
-    store = open_store(store_url)
-    rows = [_summary(snapshot.read_manifest(store, run_id, step))
-            for step in snapshot.list_steps(store, run_id)]
+def list_snapshots(run_id: str | None, store_url: str, settings: dict, as_json: bool) -> None:
+    """List the runs in the store, or RUN_ID's complete snapshots, oldest first."""
+    store = open_store(store_url, **settings)
+    if run_id is None:
+        _print_runs(store.url, list_runs(store), as_json)
+        return
+    rows = snapshot_rows(store, run_id)
     if as_json:
         click.echo(json.dumps(rows, indent=1))
         return
     if not rows:
         raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")
     table = Table(title=f"snapshots of {run_id}")
-    for column in ("step", "epoch", "samples", "reason", "time", "size"):
-        table.add_column(column, justify="right" if column in ("step", "epoch", "samples",
-                                                               "size") else "left")
+    for column in ("step", "epoch", "time", "size", "new bytes", "reason"):
+        table.add_column(column, justify="left" if column in ("time", "reason") else "right")
     for row in rows:
-        table.add_row(str(row["step"]), str(row["epoch"]), str(row["samples_consumed"]),
-                      row["reason"], row["time"], _human(row["bytes"]))
+        table.add_row(str(row["step"]), str(row["epoch"]), row["time"], human_bytes(row["bytes"]),
+                      human_bytes(row["new_bytes"]), row["reason"])
+    Console().print(table)
+
+
+def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(runs, indent=1))
+        return
+    if not runs:
+        click.echo(f"no runs in {where}")
+        return
+    table = Table(title=f"runs in {where}")
+    for column in ("run", "snapshots", "newest step", "time", "reason"):
+        table.add_column(column, justify="right" if column in ("snapshots", "newest step")
+                         else "left")
+    for run in runs:
+        table.add_row(run["run"], str(run["snapshots"]), str(run["newest_step"]), run["time"],
+                      run["reason"])
     Console().print(table)
 
 
@@ -42,9 +64,10 @@ def list_snapshots(run_id: str, store_url: str, as_json: bool) -> None:
 @click.argument("run_id")
 @click.option("--step", type=int, default=None, help="A snapshot's step (default: newest).")
 @store_option
-def show(run_id: str, step: int | None, store_url: str) -> None:
+@store_settings
+def show(run_id: str, step: int | None, store_url: str, settings: dict) -> None:
     """Print a snapshot's manifest (without its state tree) as JSON."""
-    manifest = snapshot.read_manifest(open_store(store_url), run_id, step)
+    manifest = snapshot.read_manifest(open_store(store_url, **settings), run_id, step)
     if manifest is None:
         raise SnapshotError(f"run {run_id!r} has no snapshot")
     manifest = {k: v for k, v in manifest.items() if k not in ("state", "tensors")}
@@ -56,38 +79,45 @@ def show(run_id: str, step: int | None, store_url: str) -> None:
 @click.option("--step", type=int, default=None, help="A snapshot's step (default: newest).")
 @click.option("--all", "every", is_flag=True, help="Verify every snapshot of the run.")
 @store_option
-def verify(run_id: str, step: int | None, every: bool, store_url: str) -> None:
-    """Check a snapshot's manifest and every blob's size and hash."""
-    store = open_store(store_url)
+@store_settings
+@json_option
+def verify(run_id: str, step: int | None, every: bool, store_url: str, settings: dict,
+           as_json: bool) -> None:
+    """Check a snapshot's manifest and every blob's size and hash (reads every byte)."""
+    store = open_store(store_url, **settings)
     steps = snapshot.list_steps(store, run_id) if every else [step]
     if every and not steps:
         raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")
-    for one in steps:
-        manifest = snapshot.verify(store, run_id, one)
-        click.echo(f"ok: {run_id} step {manifest['step']}: {len(manifest['blobs'])} blobs, "
-                   f"{len(manifest['tensors'])} tensors, {_human(_bytes(manifest))}")
+    results = []
+    with transfer_bar(f"verify {run_id}", enabled=not as_json) as progress:
+        for one in steps:
+            results.append(_verify_one(store, run_id, one, progress))
+    if as_json:
+        click.echo(json.dumps(results, indent=1))
+    for r in results if not as_json else ():
+        if r["ok"]:
+            click.echo(f"ok: {run_id} step {r['step']}: {r['blobs']} blobs, {r['tensors']} "
+                       f"tensors, {human_bytes(r['bytes'])}")
+        else:
+            click.echo(f"FAILED: {run_id} step {r['step']}: {r['error']}")
+    failed = [r for r in results if not r["ok"]]
+    if failed:
+        raise SnapshotError(f"{len(failed)} of {len(results)} snapshot(s) of {run_id!r} failed "
+                            f"verification: {failed[0]['error']}")
 
 
-def _summary(manifest: dict | None) -> dict:
-    assert manifest is not None
-    counters = manifest.get("counters", {})
-    return {"step": manifest["step"], "epoch": counters.get("epoch"),
-            "samples_consumed": counters.get("samples_consumed"),
-            "reason": manifest.get("reason", "?"), "time": manifest.get("time", "?"),
-            "bytes": _bytes(manifest)}
-
-
-def _bytes(manifest: dict) -> int:
-    return sum(info["size"] for info in manifest["blobs"].values())
-
-
-def _human(n: int) -> str:
-    size = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if size < 1024 or unit == "GiB":
-            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
-        size /= 1024
-    return f"{n} B"
+def _verify_one(store: Store, run_id: str, step: int | None,
+                progress: Callable[[int, int], None]) -> dict:
+    try:
+        manifest = snapshot.verify(store, run_id, step)
+    except SnapshotError as exc:
+        if step is None:
+            raise
+        return {"step": step, "ok": False, "error": str(exc)}
+    size = sum(info["size"] for info in manifest["blobs"].values())
+    progress(size, size)
+    return {"step": manifest["step"], "blobs": len(manifest["blobs"]),
+            "tensors": len(manifest["tensors"]), "bytes": size, "ok": True}
 
 
 COMMANDS = (list_snapshots, show, verify)

@@ -1,19 +1,31 @@
-"""Stores: where snapshots live. ``open_store(url)`` picks the backend from the URL scheme."""
+"""Stores: where snapshots live. ``open_store(url)`` picks the backend from the URL scheme.
+
+One backend family per module: ``local`` (paths, ``file://``), ``memory`` (tests), ``s3``
+(boto3; AWS and S3-compatible services), ``oss`` (Alibaba OSS on the S3 code), ``gcs``
+(gcsfs, optional) and ``sftp`` (fsspec over paramiko). Settings come from flags, the
+environment and ``~/.config/burst/config.toml`` (see :mod:`burst.store.config`).
+"""
 
 from __future__ import annotations
 
 import os
+from typing import Any
 from urllib.parse import urlparse
 
 from burst.errors import ConfigError
-from burst.store.base import Store, check_key
+from burst.store.base import Store, TransientStoreError, check_key
+from burst.store.config import resolve
 from burst.store.local import LocalStore
 from burst.store.memory import MemoryStore
 
 DEFAULT_STORE_ENV = "BURST_STORE"
 DEFAULT_STORE = ".burst"
+LOCAL_ENV = "BURST_LOCAL"
 
-__all__ = ["LocalStore", "MemoryStore", "Store", "check_key", "default_store_url", "open_store"]
+__all__ = ["LocalStore", "MemoryStore", "Store", "TransientStoreError", "check_key",
+           "default_local_url", "default_store_url", "is_local", "open_store"]
+
+SCHEMES = ("file", "memory", "s3", "oss", "gs", "sftp")
 
 
 def default_store_url() -> str:
@@ -21,13 +33,28 @@ def default_store_url() -> str:
     return os.environ.get(DEFAULT_STORE_ENV) or DEFAULT_STORE
 
 
-def open_store(url: str | os.PathLike[str] | Store | None = None) -> Store:
-    """Return the store for ``url``: a plain path or ``file://``, or ``memory://name``."""
+def default_local_url() -> str:
+    """The local tier in front of a remote store: ``$BURST_LOCAL`` or ``./.burst``."""
+    return os.environ.get(LOCAL_ENV) or DEFAULT_STORE
+
+
+def is_local(store: Store) -> bool:
+    """True for stores on this machine (a directory or memory): no upload queue needed."""
+    return isinstance(store, LocalStore | MemoryStore)
+
+
+def open_store(url: str | os.PathLike[str] | Store | None = None, **flags: Any) -> Store:
+    """Return the store for ``url``: a path or ``file://``, ``memory://``, ``s3://``,
+    ``oss://``, ``gs://``, ``sftp://``, or the name of a ``[stores.NAME]`` config section.
+
+    ``flags`` (endpoint_url, region, ...) override the environment and the config file.
+    Nothing here touches the network: a bad bucket or credential shows on first use.
+    """
     if url is None:
         url = default_store_url()
     if isinstance(url, Store):
         return url
-    url = os.fspath(url)
+    url, options = resolve(os.fspath(url), flags)
     parsed = urlparse(url)
     scheme = parsed.scheme.lower()
     if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
@@ -36,4 +63,21 @@ def open_store(url: str | os.PathLike[str] | Store | None = None) -> Store:
         return LocalStore(parsed.path if scheme == "file" else url)
     if scheme == "memory":
         return MemoryStore(parsed.netloc or parsed.path.strip("/") or "default")
-    raise ConfigError(f"unsupported store URL {url!r}: use a path, file://, or memory://")
+    if scheme == "s3":
+        from burst.store.s3 import S3Store
+
+        return S3Store.from_url(url, options)
+    if scheme == "oss":
+        from burst.store.oss import OSSStore
+
+        return OSSStore.from_url(url, options)
+    if scheme in ("gs", "gcs"):
+        from burst.store.gcs import GCSStore
+
+        return GCSStore(url, options)
+    if scheme in ("sftp", "ssh"):
+        from burst.store.sftp import SFTPStore
+
+        return SFTPStore(url, options)
+    raise ConfigError(f"unsupported store URL {url!r}: use a path, "
+                      f"{', '.join(s + '://' for s in SCHEMES)}")

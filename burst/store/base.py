@@ -11,9 +11,17 @@ from __future__ import annotations
 import re
 from typing import Protocol, runtime_checkable
 
-from burst.errors import SnapshotError
+from burst.errors import SnapshotError, StoreError
 
 _SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._=+@-]+$")
+
+
+class TransientStoreError(StoreError):
+    """A failure worth retrying: throttling, a 5xx, a reset or timed-out connection.
+
+    Backends translate their SDK's errors into this (retry) or a plain ``StoreError``
+    (do not: wrong credentials, missing bucket), so the retry policy needs no SDK knowledge.
+    """
 
 
 @runtime_checkable
@@ -26,7 +34,11 @@ class Store(Protocol):
         """Write ``data`` under ``key`` atomically, replacing any previous object."""
 
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
-        """Write only if ``key`` does not exist; return False (and write nothing) if it does."""
+        """Write only if ``key`` does not exist; return False (and write nothing) if it does.
+
+        Atomic where the backend can make it so (a local hard link, S3 ``If-None-Match``,
+        OSS ``x-oss-forbid-overwrite``, an SFTP rename); elsewhere a check then a write.
+        """
 
     def get(self, key: str) -> bytes:
         """Return the whole object; raise ``KeyError`` if it does not exist."""

@@ -1,0 +1,43 @@
+"""``burst gc``: apply the retention rule to a run and delete unreferenced blobs."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from burst import retention
+from burst.catalog import human_bytes
+from burst.cli.options import json_option, store_option, store_settings
+from burst.store import open_store
+
+
+@click.command("gc")
+@click.argument("run_id")
+@store_option
+@click.option("--keep-last", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Keep this many newest snapshots.")
+@click.option("--keep-every", type=click.IntRange(min=1), default=None,
+              help="Also keep the first snapshot in every window of this many steps.")
+@click.option("--dry-run", is_flag=True, help="Say what would go; delete nothing.")
+@store_settings
+@json_option
+def gc(run_id: str, store_url: str, keep_last: int, keep_every: int | None, dry_run: bool,
+       settings: dict, as_json: bool) -> None:
+    """Delete RUN_ID's snapshots outside the retention rule, then blobs nothing keeps.
+
+    Safe while an upload runs: blobs of pushes in progress are never deleted.
+    """
+    store = open_store(store_url, **settings)
+    report = retention.gc(store, run_id, keep_last, keep_every, dry_run=dry_run)
+    if as_json:
+        click.echo(json.dumps(report.as_dict(), indent=1))
+        return
+    verb = "would drop" if dry_run else "dropped"
+    click.echo(f"{run_id}: kept {len(report.kept)} snapshots, {verb} {len(report.dropped)}"
+               f"{' ' + str(report.dropped) if report.dropped else ''}; "
+               f"{report.blobs_deleted} blobs ({human_bytes(report.bytes_freed)}) "
+               f"{'would be ' if dry_run else ''}freed")
+
+
+COMMANDS = (gc,)

@@ -1,0 +1,117 @@
+"""``burst run`` and ``burst drill``: supervise a training command, or rehearse a failure."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+from burst import events
+from burst.agent import Agent, Outcome, Policy
+from burst.cli.options import json_option, local_option, store_option
+from burst.errors import ConfigError
+from burst.faults import parse as parse_faults
+from burst.gpuwatch import GpuWatch
+from burst.store import is_local, open_store
+
+
+def supervision_options(fn):
+    for option in reversed((
+        click.option("--run-id", envvar="BURST_RUN_ID", required=True,
+                     help="The run to supervise (also given to the child as $BURST_RUN_ID)."),
+        store_option,
+        local_option,
+        click.option("--on-oom", type=click.Choice(["retry-smaller", "burst", "stop"]),
+                     default="retry-smaller", show_default=True),
+        click.option("--on-gpu-failure", type=click.Choice(["burst", "restart", "stop"]),
+                     default="burst", show_default=True),
+        click.option("--on-killed", type=click.Choice(["restart", "stop"]), default="stop",
+                     show_default=True, help="After SIGKILL or a segfault."),
+        click.option("--max-retries", type=click.IntRange(0), default=3, show_default=True),
+        click.option("--backoff", type=click.IntRange(2), default=2, show_default=True,
+                     help="Divide the micro-batch by this on each OOM retry."),
+        click.option("--gpu-interval", type=click.FloatRange(min=0.1), default=30.0,
+                     show_default=True, help="Seconds between GPU samples."),
+        click.option("--memory-threshold", type=click.FloatRange(0, 1), default=0.8,
+                     show_default=True, help="Memory alert threshold (fraction of the card)."),
+        click.option("--memory-sustain", type=click.FloatRange(min=0), default=300.0,
+                     show_default=True, help="Seconds above the threshold before alerting."),
+        click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED),
+    )):
+        fn = option(fn)
+    return fn
+
+
+def build_agent(options: dict, fault: str | None = None, json_output: bool = False) -> Agent:
+    store = open_store(options["store_url"])
+    history = store if is_local(store) else open_store(options["local_url"])
+    policy = Policy(on_oom=options["on_oom"], on_gpu_failure=options["on_gpu_failure"],
+                    on_killed=options["on_killed"], max_retries=options["max_retries"],
+                    backoff=options["backoff"])
+    run_id = options["run_id"]
+
+    def record(name: str, /, **fields: object) -> None:
+        events.append(history, run_id, name, source="agent", **fields)
+
+    watch = GpuWatch(record, interval=options["gpu_interval"],
+                     threshold=options["memory_threshold"],
+                     sustain_s=options["memory_sustain"])
+    return Agent(list(options["command"]), run_id=run_id, store=history,
+                 store_url=options["store_url"], policy=policy, watch=watch, fault=fault,
+                 env={"BURST_LOCAL": options["local_url"]},
+                 say=lambda msg: click.echo(f"burst: {msg}", err=True),
+                 child_stdout=sys.stderr if json_output else None)
+
+
+@click.command("run", context_settings={"ignore_unknown_options": True})
+@supervision_options
+def run_command(**options: object) -> None:
+    """Supervise a training command: burst run --run-id R -- python train.py ...
+
+    The child's OOM, GPU failure, SIGTERM/SIGINT or crash is classified from its exit
+    status and handled by the policies below.
+    """
+    outcome = build_agent(options).run()
+    _finish(outcome)
+
+
+@click.command("drill", context_settings={"ignore_unknown_options": True})
+@click.option("--fault", required=True,
+              help="KIND@STEP[:MICRO]: oom, oom-optimizer, sticky, kill or term at that step.")
+@json_option
+@supervision_options
+def drill(fault: str, as_json: bool, **options: object) -> None:
+    """Run a training command under an injected fault and report what was lost."""
+    injected = parse_faults(fault)
+    if len(injected) != 1:
+        raise ConfigError("a drill injects exactly one fault")
+    agent = build_agent(options, fault=fault, json_output=as_json)
+    outcome = agent.run()
+    report = drill_report(agent.store, agent.run_id, injected[0].step, injected[0].kind, outcome)
+    if as_json:
+        click.echo(json.dumps(report, indent=1))
+    else:
+        click.echo(f"fault {fault}: resumed from step {report['resumed_from_step']}, "
+                   f"{report['steps_lost']} step(s) of work lost; outcome: {report['outcome']}")
+    _finish(outcome)
+
+
+def drill_report(store, run_id: str, fault_step: int, kind: str, outcome: Outcome) -> dict:
+    """Work lost = steps completed before the fault minus the step training resumed from."""
+    resumes = [e for e in events.read(store, run_id) if e.get("event") == "resume"]
+    resumed = resumes[-1]["step"] if resumes else None
+    completed = fault_step - 1
+    return {"fault": kind, "fault_step": fault_step, "resumed_from_step": resumed,
+            "steps_lost": None if resumed is None else completed - resumed,
+            "attempts": len(outcome.attempts), "outcome": outcome.decision,
+            "returncode": outcome.returncode}
+
+
+def _finish(outcome: Outcome) -> None:
+    if outcome.message:
+        click.echo(f"burst: {outcome.message}", err=True)
+    sys.exit(outcome.returncode)
+
+
+COMMANDS = (run_command, drill)

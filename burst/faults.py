@@ -1,0 +1,84 @@
+"""Fault injection for tests and drills: real failures at a chosen optimizer step.
+
+``BURST_FAULT`` holds ``KIND@STEP`` (several separated by commas); ``STEP`` is the
+optimizer step during which the fault fires (1-based, as ``Step.index``). Kinds:
+
+- ``oom``: a real ``torch.cuda.OutOfMemoryError`` while fetching a micro-batch (as if
+  raised in the forward pass);
+- ``oom-optimizer``: the same error from inside ``optimizer.step()``;
+- ``sticky``: a sticky CUDA error ("an illegal memory access was encountered");
+- ``kill``: SIGKILL to the process itself, mid-step;
+- ``term``: SIGTERM to the process itself, mid-step (a preemption notice).
+
+A fault fires once per process, and only when the run has not already moved past that
+step, so a restarted process that resumes beyond it trains on normally.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from dataclasses import dataclass
+
+import torch
+
+from burst.errors import ConfigError
+
+ENV_FAULT = "BURST_FAULT"
+KINDS = ("oom", "oom-optimizer", "sticky", "kill", "term")
+
+
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    step: int
+    micro_batch: int = 0
+
+
+def parse(spec: str | None) -> list[Fault]:
+    """Parse ``KIND@STEP[:MICRO],...``; a typo is a clear error, not a silent no-op."""
+    faults = []
+    for part in filter(None, (p.strip() for p in (spec or "").split(","))):
+        kind, _, where = part.partition("@")
+        step, _, micro = where.partition(":")
+        if kind not in KINDS or not step.isdigit() or (micro and not micro.isdigit()):
+            raise ConfigError(f"bad fault {part!r}: use KIND@STEP[:MICRO] with KIND one of "
+                              f"{', '.join(KINDS)}")
+        faults.append(Fault(kind, int(step), int(micro or 0)))
+    return faults
+
+
+class Injector:
+    """Fires the configured faults at the matching points of the training loop."""
+
+    def __init__(self, faults: list[Fault]) -> None:
+        self.pending = list(faults)
+
+    @classmethod
+    def from_env(cls) -> Injector:
+        return cls(parse(os.environ.get(ENV_FAULT)))
+
+    def before_micro_batch(self, step: int, micro_batch: int) -> None:
+        for fault in self._due(step, ("oom", "sticky", "kill", "term"), micro_batch):
+            _fire(fault)
+
+    def in_optimizer_step(self, step: int) -> None:
+        for fault in self._due(step, ("oom-optimizer",), None):
+            _fire(fault)
+
+    def _due(self, step: int, kinds: tuple[str, ...], micro_batch: int | None) -> list[Fault]:
+        due = [f for f in self.pending if f.kind in kinds and f.step == step
+               and (micro_batch is None or f.micro_batch == micro_batch)]
+        self.pending = [f for f in self.pending if f not in due]
+        return due
+
+
+def _fire(fault: Fault) -> None:
+    where = f"injected at step {fault.step}"
+    if fault.kind in ("oom", "oom-optimizer"):
+        raise torch.cuda.OutOfMemoryError(
+            f"CUDA out of memory. Tried to allocate 2.00 GiB ({where})")
+    if fault.kind == "sticky":
+        error = getattr(torch, "AcceleratorError", RuntimeError)
+        raise error(f"CUDA error: an illegal memory access was encountered ({where})")
+    os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGTERM)

@@ -1,0 +1,285 @@
+"""Stores on any SSH server: ``sftp://user@host[:port]/path``, through fsspec's SFTP backend.
+
+The implementation is ``fsspec.implementations.sftp.SFTPFileSystem``, named explicitly:
+fsspec's registry hands ``sftp://`` to the ``sshfs`` package whenever that is installed,
+and a different library with different semantics should not appear by accident.
+
+Host keys are verified. fsspec (and paramiko's default) accept an unknown host key, which
+lets anyone on the path impersonate the server and receive the snapshots; burst loads the
+user's known_hosts (and ``UserKnownHostsFile`` from ``~/.ssh/config``) and rejects hosts
+that are not in them. Host name, port, user and identity files come from ``~/.ssh/config``
+through paramiko's ``SSHConfig``, like ``ssh`` itself.
+
+Writes go to a hidden temporary file in the target directory and are renamed into place:
+``posix-rename`` (atomic replace) for ``put``, the plain SFTP rename (which OpenSSH refuses
+when the target exists) for ``put_if_absent``. Each thread has its own connection, since
+one SFTP channel serialises requests.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import getpass
+import os
+import posixpath
+import stat
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlparse
+
+import paramiko
+from fsspec.implementations.sftp import SFTPFileSystem
+
+from burst.errors import ConfigError, StoreError
+from burst.store.base import TransientStoreError, check_key
+
+
+class VerifiedSFTPFileSystem(SFTPFileSystem):
+    """fsspec's SFTP filesystem, connecting only to hosts whose key is already known."""
+
+    cachable = False
+
+    def __init__(self, host: str, known_hosts: list[str], **ssh_kwargs: Any) -> None:
+        self.known_hosts = known_hosts
+        super().__init__(host, host_key_policy="reject", **ssh_kwargs)
+
+    def _connect(self) -> None:
+        self.client = paramiko.SSHClient()
+        self.client.load_system_host_keys()  # ~/.ssh/known_hosts
+        for path in self.known_hosts:
+            if os.path.exists(path):
+                self.client.load_host_keys(path)
+        self.client.set_missing_host_key_policy(paramiko.RejectPolicy())
+        self.client.connect(self.host, **self.ssh_kwargs)
+        self.ftp = self.client.open_sftp()
+
+
+def connection_settings(url: str, options: dict[str, Any]) -> tuple[str, str, dict[str, Any]]:
+    """(host, root path, paramiko connect kwargs plus known_hosts) for an ``sftp://`` URL."""
+    parsed = urlparse(url)
+    try:
+        port = parsed.port
+    except ValueError:
+        raise ConfigError(f"{url!r} has an invalid port") from None
+    if not parsed.hostname:
+        raise ConfigError(f"{url!r} names no host: use sftp://[user@]host[:port]/path")
+    root = unquote(parsed.path)
+    if not root or root == "/" or parsed.query or parsed.fragment:
+        raise ConfigError(f"{url!r} needs a directory path: sftp://[user@]host[:port]/path")
+    config = _ssh_config(options).lookup(parsed.hostname)
+    identity = options.get("identity_file")
+    known = options.get("known_hosts") or config.get("userknownhostsfile")
+    kwargs: dict[str, Any] = {
+        "port": port or int(config.get("port", 22)),
+        "username": unquote(parsed.username or "") or config.get("user") or getpass.getuser(),
+        "key_filename": [os.path.expanduser(identity)] if identity else config.get("identityfile"),
+        "timeout": 10, "banner_timeout": 10, "auth_timeout": 10,
+        "known_hosts": [os.path.expanduser(p) for p in str(known or "").split()],
+    }
+    if parsed.password:
+        raise ConfigError(f"{url!r} holds a password: use SSH keys or an agent")
+    return config.get("hostname", parsed.hostname), root.rstrip("/"), kwargs
+
+
+def _ssh_config(options: dict[str, Any]) -> paramiko.SSHConfig:
+    path = Path(options.get("ssh_config") or "~/.ssh/config").expanduser()
+    if not path.exists():
+        return paramiko.SSHConfig()
+    try:
+        return paramiko.SSHConfig.from_path(str(path))
+    except (OSError, paramiko.ssh_exception.ConfigParseError) as exc:
+        raise ConfigError(f"cannot read SSH config {path}: {exc}") from None
+
+
+class SFTPStore:
+    """Files under a directory of an SSH server; keys are relative paths."""
+
+    def __init__(self, url: str, options: dict[str, Any]) -> None:
+        self.host, self.root, kwargs = connection_settings(url, options)
+        self.known_hosts = kwargs.pop("known_hosts")
+        self.kwargs = kwargs
+        self.url = url.rstrip("/")
+        self._local = threading.local()
+        self._all: list[VerifiedSFTPFileSystem] = []
+        self._lock = threading.Lock()
+
+    # -- connections --------------------------------------------------------------------
+
+    def _ftp(self) -> paramiko.SFTPClient:
+        fs = getattr(self._local, "fs", None)
+        if fs is None:
+            with self._errors("connecting"):
+                fs = VerifiedSFTPFileSystem(self.host, self.known_hosts, **self.kwargs)
+            self._local.fs = fs
+            with self._lock:
+                self._all.append(fs)
+        return fs.ftp
+
+    def close(self) -> None:
+        with self._lock:
+            for fs in self._all:
+                with contextlib.suppress(Exception):
+                    fs.client.close()
+            self._all.clear()
+        self._local = threading.local()
+
+    def _path(self, key: str) -> str:
+        return f"{self.root}/{check_key(key)}"
+
+    # -- the Store protocol -------------------------------------------------------------
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        path = self._path(key)
+        with self._errors(f"writing {key}"):
+            tmp = self._upload_temp(path, data)
+            try:
+                self._ftp().posix_rename(tmp, path)
+            except BaseException:
+                self._remove(tmp)
+                raise
+
+    def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
+        path = self._path(key)
+        with self._errors(f"writing {key}"):
+            if self.size(key) is not None:
+                return False
+            tmp = self._upload_temp(path, data)
+            try:
+                self._ftp().rename(tmp, path)  # OpenSSH: link()+unlink(), fails if path exists
+            except OSError:
+                if self.size(key) is not None:
+                    return False
+                raise
+            finally:
+                self._remove(tmp)
+        return True
+
+    def get(self, key: str) -> bytes:
+        size = self.size(key)
+        if size is None:
+            raise KeyError(key)
+        buffer = bytearray(size)
+        self.read_into(key, memoryview(buffer))
+        return bytes(buffer)
+
+    def read_into(self, key: str, buffer: memoryview) -> int:
+        with self._errors(f"reading {key}"):
+            try:
+                f = self._ftp().open(self._path(key), "rb")
+            except FileNotFoundError:
+                raise KeyError(key) from None
+            with f:
+                size = f.stat().st_size
+                wanted = min(size, len(buffer))
+                f.prefetch(wanted)
+                filled = 0
+                while filled < wanted:
+                    chunk = f.read(min(4 << 20, wanted - filled))
+                    if not chunk:
+                        raise TransientStoreError(f"{self.url}: {key} ended early while reading")
+                    buffer[filled : filled + len(chunk)] = chunk
+                    filled += len(chunk)
+            return size
+
+    def size(self, key: str) -> int | None:
+        with self._errors(f"checking {key}"):
+            try:
+                attrs = self._ftp().stat(self._path(key))
+            except FileNotFoundError:
+                return None
+            return attrs.st_size if stat.S_ISREG(attrs.st_mode or 0) else None
+
+    def list(self, prefix: str) -> list[str]:
+        start = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        keys: list[str] = []
+        with self._errors(f"listing {prefix or '/'}"):
+            self._walk(posixpath.join(self.root, start) if start else self.root, keys)
+        cut = len(self.root) + 1
+        return sorted(k[cut:] for k in keys if k[cut:].startswith(prefix))
+
+    def _walk(self, directory: str, out: list[str]) -> None:
+        try:
+            entries = self._ftp().listdir_attr(directory)
+        except FileNotFoundError:
+            return
+        for entry in entries:
+            if entry.filename.startswith("."):
+                continue  # temporary files of writes in progress
+            path = f"{directory}/{entry.filename}"
+            if stat.S_ISDIR(entry.st_mode or 0):
+                self._walk(path, out)
+            elif stat.S_ISREG(entry.st_mode or 0):
+                out.append(path)
+
+    def delete(self, key: str) -> None:
+        with self._errors(f"deleting {key}"):
+            self._remove(self._path(key))
+
+    # -- helpers ------------------------------------------------------------------------
+
+    def _upload_temp(self, path: str, data: bytes | bytearray | memoryview) -> str:
+        directory, name = posixpath.split(path)
+        self._makedirs(directory)
+        tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        view = memoryview(data).cast("B")
+        try:
+            with self._ftp().open(tmp, "wb") as f:
+                f.set_pipelined(True)
+                for start in range(0, len(view), 1 << 20):
+                    f.write(view[start : start + (1 << 20)])
+        except BaseException:
+            self._remove(tmp)
+            raise
+        return tmp
+
+    def _makedirs(self, directory: str) -> None:
+        ftp = self._ftp()
+        missing = []
+        while directory and directory != "/":
+            try:
+                ftp.stat(directory)
+                break
+            except FileNotFoundError:
+                missing.append(directory)
+                directory = posixpath.dirname(directory)
+        for path in reversed(missing):
+            try:
+                ftp.mkdir(path)
+            except OSError:
+                if not stat.S_ISDIR(ftp.stat(path).st_mode or 0):  # lost a race: fine if a dir
+                    raise
+
+    def _remove(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._ftp().remove(path)
+
+    @contextlib.contextmanager
+    def _errors(self, what: str) -> Iterator[None]:
+        where = f"{self.url}"
+        try:
+            yield
+        except (KeyError, StoreError):
+            raise
+        except paramiko.BadHostKeyException:
+            raise StoreError(f"{where}: the host key of {self.host} CHANGED: refusing to connect "
+                             "(check it, then fix known_hosts)") from None
+        except paramiko.AuthenticationException as exc:
+            raise StoreError(f"{where}: SSH authentication failed ({exc}): check the user "
+                             "and key (IdentityFile in ~/.ssh/config)") from None
+        except paramiko.SSHException as exc:
+            if "known_hosts" in str(exc):
+                raise StoreError(f"{where}: {self.host} is not in known_hosts: verify its key "
+                                 "and add it (ssh-keyscan, then compare fingerprints)") from None
+            raise TransientStoreError(f"{where}: SSH error while {what}: {exc}") from None
+        except (TimeoutError, paramiko.ssh_exception.NoValidConnectionsError, ConnectionError, EOFError) as exc:
+            raise TransientStoreError(f"{where}: cannot reach {self.host}:"
+                                      f"{self.kwargs['port']} while {what}: "
+                                      f"{' '.join(str(exc).split())}") from None
+        except OSError as exc:
+            if exc.errno in (errno.EACCES, errno.EPERM) or "ermission" in str(exc):
+                raise StoreError(f"{where}: permission denied while {what}") from None
+            raise StoreError(f"{where}: {what} failed: {' '.join(str(exc).split())}") from None

@@ -1,0 +1,112 @@
+"""Retention and GC: keep the last N and every Mth; never break a kept or uploading snapshot."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+import torch
+
+from burst import format as fmt
+from burst import retention, snapshot, sync
+from burst.errors import SnapshotError
+from burst.snapshot import Captured
+from burst.store import LocalStore, MemoryStore
+
+
+def take(store, step: int, value: float | None = None) -> dict:
+    t = {"shared": torch.zeros(300_000), "w": torch.full((300_000,), float(value or step))}
+    return snapshot.write_snapshot(store, "run", Captured(step, {}, t, {"reason": "periodic"}))
+
+
+def test_select_keeps_the_last_n():
+    assert retention.select([10, 20, 30, 40], keep_last=2) == {30, 40}
+
+
+def test_select_also_keeps_the_first_snapshot_in_every_window_of_m_steps():
+    steps = [100, 250, 500, 750, 1000, 1250, 1500]
+    assert retention.select(steps, keep_last=1, keep_every=1000) == {100, 1000, 1500}
+
+
+def test_a_snapshot_kept_for_its_window_stays_kept_as_newer_ones_arrive():
+    early = retention.select([100, 600], keep_last=1, keep_every=500)
+    later = retention.select([100, 600, 700, 1100, 1200], keep_last=1, keep_every=500)
+    assert {100, 600} <= early and {100, 600} <= later
+
+
+def test_gc_deletes_dropped_manifests_and_only_unreferenced_blobs(tmp_path):
+    store = LocalStore(tmp_path)
+    for step in (1, 2, 3, 4):
+        take(store, step)
+    report = retention.gc(store, "run", keep_last=2)
+    assert report.dropped == [1, 2] and snapshot.list_steps(store, "run") == [3, 4]
+    assert report.blobs_deleted == 2  # the dropped snapshots' own 'w' blobs; 'shared' stays
+    for step in (3, 4):
+        snapshot.verify(store, "run", step)
+
+
+def test_gc_dry_run_deletes_nothing(tmp_path):
+    store = LocalStore(tmp_path)
+    for step in (1, 2, 3):
+        take(store, step)
+    before = store.list("run/")
+    report = retention.gc(store, "run", keep_last=1, dry_run=True)
+    assert report.dropped == [1, 2] and report.blobs_deleted == 2
+    assert store.list("run/") == before
+
+
+def test_gc_never_deletes_blobs_of_an_upload_in_progress(tmp_path):
+    local, remote = LocalStore(tmp_path), MemoryStore("gc-in-flight")
+    take(local, 1)
+    sync.push(local, remote, "run")
+    manifest = take(local, 2)
+    # An upload of step 2 that has sent its blobs but not yet its manifest:
+    remote.put(sync.pending_key("run", 2), json.dumps(
+        {"time": time.time(), "blobs": sorted(manifest["blobs"])}).encode())
+    for digest in manifest["blobs"]:
+        sync.send_blob(local, remote, "run", digest, manifest["blobs"][digest]["size"])
+    report = retention.gc(remote, "run", keep_last=1)
+    assert report.protected_in_flight >= 1
+    assert all(remote.size(fmt.blob_key("run", d)) is not None for d in manifest["blobs"])
+
+
+def test_a_push_repairs_a_blob_that_gc_deleted_under_it(tmp_path):
+    local, remote = LocalStore(tmp_path), MemoryStore("gc-race")
+    manifest = take(local, 1)
+    digest = next(iter(manifest["blobs"]))
+
+    class RacingGC(MemoryStore):
+        """Deletes a blob right after the push checked it (the window GC races in)."""
+
+        def put_if_absent(self, key, data):
+            self.delete(fmt.blob_key("run", digest))
+            return super().put_if_absent(key, data)
+
+    racing = RacingGC("gc-race")
+    sync.push(local, racing, "run")
+    snapshot.verify(remote, "run", 1)
+
+
+def test_markers_of_dead_uploads_expire(tmp_path):
+    store = MemoryStore("gc-stale")
+    take(store, 1)
+    store.put(sync.pending_key("run", 9), json.dumps({"time": 0, "blobs": ["a" * 64]}).encode())
+    retention.gc(store, "run", keep_last=1)
+    assert store.list("run/uploads/") == []
+
+
+def test_gc_refuses_to_delete_every_snapshot(tmp_path):
+    with pytest.raises(SnapshotError, match="keep at least one"):
+        retention.gc(MemoryStore("gc-none"), "run", keep_last=0)
+
+
+def test_an_unreadable_kept_manifest_stops_the_blob_sweep(tmp_path):
+    store = LocalStore(tmp_path)
+    take(store, 1)
+    take(store, 2)
+    store.put(fmt.manifest_key("run", 2), b"{not json")
+    blobs = store.list("run/blobs/")
+    with pytest.raises(SnapshotError, match="not collecting garbage"):
+        retention.gc(store, "run", keep_last=1)
+    assert store.list("run/blobs/") == blobs
