@@ -53,6 +53,9 @@ from burst.upload import UploadQueue
 ENV_RUN_ID = "BURST_RUN_ID"
 ENV_MICRO_BATCH = "BURST_MICRO_BATCH"
 ENV_AMP = "BURST_AMP"
+ENV_ACCUMULATION = "BURST_ACCUMULATION"  # the rest of a plan: checked, not trusted blindly
+ENV_WORLD_SIZE = "BURST_WORLD_SIZE"
+ENV_TF32 = "BURST_TF32"
 
 
 class Step:
@@ -115,6 +118,10 @@ class Run:
                                      "micro_batch")
         self.accumulation = _accumulation(self.global_batch, self.micro_batch, self.world_size)
         self.amp = parse_amp(os.environ.get(ENV_AMP, amp))
+        _check_plan_env(self.accumulation, self.world_size)
+        _apply_tf32(os.environ.get(ENV_TF32))
+        self.total_epochs: int | None = None
+        self.steps_per_epoch: int | None = None
         self.shadow_every = _positive(shadow_every, "shadow_every")
         self.persist_every, self.persist_seconds = persist_every, persist_seconds
         self.extra: dict[str, Any] = {}
@@ -196,6 +203,7 @@ class Run:
 
     def epochs(self, count: int) -> Iterator[int]:
         """Epoch numbers from the restored one up to ``count`` (exclusive)."""
+        self.total_epochs = count
         while self.epoch < count:
             yield self.epoch
             self.epoch += 1
@@ -205,6 +213,10 @@ class Run:
         """The optimizer steps of the current epoch, from the next unconsumed sample."""
         sampler = self._check_loader(loader)
         sampler.set_epoch(self.epoch, start=self.samples_in_epoch)
+        usable = sampler.epoch_length()
+        if loader.drop_last:
+            usable = usable // self.micro_batch * self.micro_batch
+        self.steps_per_epoch = math.ceil(usable / self.global_batch)
         # DataLoader draws worker seeds from this generator, not from the global RNG, so
         # starting an iterator mid-epoch after a resume does not shift the training RNG.
         loader.generator = torch.Generator().manual_seed(derive_seed("loader", self.seed,
@@ -373,7 +385,7 @@ class Run:
                 return
             fields.setdefault("rank", self.rank)
         try:
-            events.append(self.store, self.run_id, name, **fields)
+            events.append(self.local, self.run_id, name, **fields)  # uploaded with snapshots
         except Exception as exc:
             warnings.warn(f"burst: could not record {name!r} event: {exc}", stacklevel=3)
 
@@ -384,7 +396,8 @@ class Run:
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
             "counters": {"step": self.step, "epoch": self.epoch,
                          "samples_consumed": self.samples_consumed,
-                         "samples_in_epoch": self.samples_in_epoch},
+                         "samples_in_epoch": self.samples_in_epoch,
+                         "total_steps": self._total_steps()},
             "batch": self._layout(),
             "amp": {"dtype": self._amp()},
             "sampler": self._sampler.state() if self._sampler else self._saved_sampler,
@@ -395,6 +408,17 @@ class Run:
             "lockfile_hash": frozen.lockfile_hash,
             "code_ref": frozen.code_ref,
         }
+
+    def _total_steps(self) -> int | None:
+        """Steps of the whole run, when the loop has said how many epochs (for planners)."""
+        if self.total_epochs is None or self.steps_per_epoch is None:
+            return None
+        return self.total_epochs * self.steps_per_epoch
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """A GradScaler that is enabled exactly when the run's precision needs one (fp16)."""
+        device = _device_of(self.components.model)
+        return torch.amp.GradScaler(device, enabled=self.amp == "fp16")
 
     def _layout(self) -> dict[str, int]:
         return {"global": self.global_batch, "micro": self.micro_batch,
@@ -467,6 +491,23 @@ def _accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
         raise ConfigError(f"global batch {global_batch} is not a multiple of micro-batch "
                           f"{micro_batch} x world size {world_size}")
     return global_batch // per_step
+
+
+def _check_plan_env(accumulation: int, world_size: int) -> None:
+    """A plan passed in the environment must agree with what this process computed."""
+    for name, actual in ((ENV_ACCUMULATION, accumulation), (ENV_WORLD_SIZE, world_size)):
+        planned = _env_int(name)
+        if planned is not None and planned != actual:
+            raise ConfigError(f"the plan says ${name}={planned}, but this process has "
+                              f"{actual}: launch with the planned number of processes")
+
+
+def _apply_tf32(value: str | None) -> None:
+    """TF32 matmuls on Ampere and newer when the plan says so (no effect on CPU)."""
+    if value in ("1", "0"):
+        enabled = value == "1"
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
 
 
 def _check_same_data(saved: dict, live: dict) -> None:

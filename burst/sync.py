@@ -37,7 +37,8 @@ from burst.store import LocalStore, Store
 Progress = Callable[[int, int], None]  # (bytes just done, bytes in this snapshot)
 Log = Callable[[str], None]
 BLOB_WORKERS = 4
-EXTRA_DIRS = ("env/", "code/")  # run files besides snapshots: lockfile, code archive
+# run files besides snapshots: lockfile, code archive, and the run's history
+EXTRA_DIRS = ("env/", "code/", "events.jsonl")
 
 
 def pending_key(run_id: str, step: int) -> str:
@@ -190,7 +191,8 @@ def _repair_missing(src: Store, dst: Store, run_id: str, blobs: dict[str, int],
 
 def copy_extras(src: Store, dst: Store, run_id: str,
                 policy: RetryPolicy = DEFAULT_RETRY) -> int:
-    """Copy the run's other files (environment lockfile, code archive) that ``dst`` lacks."""
+    """Copy the run's other files (lockfile, code archive, events) that ``dst`` lacks or
+    holds in another version (the side that is copying from has the newer one)."""
     copied = 0
     for directory in EXTRA_DIRS:
         for key in retry(lambda d=directory: src.list(f"{run_id}/{d}"), policy):

@@ -22,7 +22,7 @@ from burst.errors import BurstError, StoreError
 from burst.retry import DEFAULT_RETRY, RetryPolicy
 from burst.snapshot import list_steps
 from burst.store.base import Store
-from burst.sync import Transfer, push_snapshot
+from burst.sync import Transfer, copy_extras, push_snapshot
 
 
 class UploadQueue:
@@ -94,6 +94,7 @@ class UploadQueue:
             try:
                 transfer = push_snapshot(self.local, self.remote, self.run_id, step,
                                          policy=self.policy)
+                copy_extras(self.local, self.remote, self.run_id, self.policy)
             except BurstError as exc:
                 failure: BurstError | None = exc
             except Exception as exc:  # a bug or an SDK surprise: report it, keep the thread

@@ -235,3 +235,29 @@ def test_a_failed_persist_is_reported_at_flush_and_keeps_the_previous_snapshot(t
 def test_a_run_id_that_could_escape_the_store_is_refused(tmp_path):
     with pytest.raises(ConfigError, match="run id"):
         burst.Run("../x", store=tmp_path, global_batch=1)
+
+
+def test_a_plan_whose_accumulation_disagrees_with_this_process_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("BURST_MICRO_BATCH", "1")
+    monkeypatch.setenv("BURST_ACCUMULATION", "2")
+    with pytest.raises(ConfigError, match=r"BURST_ACCUMULATION=2.*has 4"):
+        new_run(tmp_path)
+
+
+def test_snapshots_record_the_total_steps_of_the_run(tmp_path):
+    run = new_run(tmp_path)
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    run.attach(model, opt)
+    train(run, model, opt, epochs=3, stop_after=1)
+    run.snapshot(wait=True)
+    assert snapshot.read_manifest(run.store, "r")["counters"]["total_steps"] == 15
+
+
+def test_the_runs_grad_scaler_is_enabled_only_for_fp16(tmp_path):
+    run = new_run(tmp_path, amp="fp16")
+    run.attach(make_model())
+    assert run.grad_scaler().is_enabled()
+    bf16 = burst.Run("b", store=tmp_path, global_batch=4, amp="bf16")
+    bf16.attach(make_model())
+    assert not bf16.grad_scaler().is_enabled()
