@@ -243,7 +243,7 @@ def decide(progress: Progress, policy: Policy, now: datetime) -> Decision:
     numbers.update(_local_numbers(progress, policy, local_finish))
     margin = policy.margin.total_s
     if local_finish is not None and (policy.deadline - local_finish).total_seconds() >= margin:
-        return Decision(STAY, f"on track: local finish {iso(local_finish)}, "
+        return Decision(STAY, f"on track: local finish {_at(local_finish, policy)}, "
                         f"{human(policy.deadline - local_finish)} before the deadline "
                         f"(margin {human(margin)})", numbers)
     return _burst(progress, policy, now, local_finish, numbers)
@@ -262,15 +262,15 @@ def _burst(progress: Progress, policy: Policy, now: datetime, local_finish: date
         return Decision(WAIT, f"{behind}, but no cloud pace is known", numbers)
     if local_finish is not None and demand >= local_finish:
         return Decision(STAY, f"{behind}, but the cloud would finish later "
-                        f"({iso(demand)}): staying local", numbers)
+                        f"({_at(demand, policy)}): staying local", numbers)
     slack = (policy.deadline - spot).total_seconds() if spot is not None else -math.inf
     if spot is not None and slack >= policy.spot_reserve_s:
-        return Decision(BURST_SPOT, f"{behind}; spot finishes {iso(spot)} "
+        return Decision(BURST_SPOT, f"{behind}; spot finishes {_at(spot, policy)} "
                         f"with {human(slack)} slack (reserve {human(policy.spot_reserve_s)})",
                         numbers)
     late = (demand - policy.deadline).total_seconds()
     tail = (f"on-demand misses the deadline by {human(late)} but finishes soonest" if late > 0
-            else f"on-demand finishes {iso(demand)}")
+            else f"on-demand finishes {_at(demand, policy)}")
     why_not_spot = ("no spot pace is known" if spot is None else
                     f"spot slack {human(slack)} is under the {human(policy.spot_reserve_s)} "
                     "reserve")
@@ -280,8 +280,16 @@ def _burst(progress: Progress, policy: Policy, now: datetime, local_finish: date
 def _why_behind(progress: Progress, policy: Policy, local_finish: datetime | None) -> str:
     if local_finish is None:
         return progress.why_stalled or "the local run is not progressing"
-    return (f"local finish {iso(local_finish)} leaves {human(policy.deadline - local_finish)} "
-            f"before the deadline, less than the {human(policy.margin.total_s)} margin")
+    slack = policy.deadline - local_finish
+    if slack.total_seconds() < 0:
+        return f"local finish {_at(local_finish, policy)} is {human(-slack)} after the deadline"
+    return (f"local finish {_at(local_finish, policy)} leaves {human(slack)} before the "
+            f"deadline, less than the {human(policy.margin.total_s)} margin")
+
+
+def _at(moment: datetime, policy: Policy) -> str:
+    """A moment in the deadline's own zone: the one the user thinks in."""
+    return iso(moment.astimezone(policy.deadline.tzinfo))
 
 
 def _local_finish(progress: Progress, rate: float | None) -> datetime | None:

@@ -27,7 +27,7 @@ from burst.distributed import Group
 from burst.store.base import Store
 
 
-def sharded(components: state_mod.Components, group: Group) -> bool:
+def sharded(components: state_mod.Components) -> bool:
     """Whether the model is sharded (only possible with a process group running)."""
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         return False
@@ -39,11 +39,11 @@ def sharded(components: state_mod.Components, group: Group) -> bool:
 def capture(components: state_mod.Components, extra: dict, group: Group
             ) -> tuple[dict, dict[str, torch.Tensor]] | None:
     """The state to write as (JSON tree, tensors) on rank 0; None on the other ranks."""
-    if not group.collective and not sharded(components, group):
+    if not group.collective and not sharded(components):
         return state_mod.capture(components, extra)
     rng_states = group.gather_json(rank_rng.to_json(rng.capture()))
     full_model = full_optim = None
-    is_sharded = sharded(components, group)
+    is_sharded = sharded(components)
     if is_sharded:
         from burst import dcp
 
@@ -90,7 +90,7 @@ def restore(components: state_mod.Components, saved: dict, group: Group, *, save
     """Check, then apply a decoded snapshot on this rank; return notes on what changed."""
     state = dict(saved)
     state["rng"], derived_seed = rank_rng.for_rank(saved, group.rank, seed, step)
-    is_sharded = sharded(components, group)
+    is_sharded = sharded(components)
     if is_sharded:
         from burst import dcp
 

@@ -34,7 +34,6 @@ from burst.errors import ConfigError, SnapshotError
 
 DEFAULT_PORT = 29500
 ENV_MASTER_PORT = "BURST_MASTER_PORT"  # the port for a SkyPilot-variables start
-ENV_WORLD_SIZE = "BURST_WORLD_SIZE"  # the plan's world size (burst.plan.ENV_WORLD_SIZE)
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
@@ -170,20 +169,16 @@ class Group:
         return cls()
 
     @classmethod
-    def for_run(cls, world_size: int | None = None,
-                env: Mapping[str, str] | None = None) -> Group:
-        """The current ranks, checked against the world size the script or the plan
-        (``$BURST_WORLD_SIZE``, set by ``burst resume``) expects: a launcher that started
-        the wrong number of processes is caught before any sample is consumed."""
+    def for_run(cls, world_size: int | None = None) -> Group:
+        """The current ranks, checked against the world size the script expects (None:
+        whatever runs), so a launcher that started the wrong number of processes, or a
+        script that forgot to start the group, is caught before any sample is consumed."""
         group = cls.current()
-        env = os.environ if env is None else env
-        planned = _int(env, ENV_WORLD_SIZE, 0) or None
-        for expected, source in ((world_size, "world_size"), (planned, f"${ENV_WORLD_SIZE}")):
-            if expected is not None and expected != group.world_size:
-                raise ConfigError(
-                    f"{source} is {expected}, but this process group has world size "
-                    f"{group.world_size}: launch {expected} processes and call "
-                    "burst.distributed.init_from_env() before creating the Run")
+        if world_size is not None and world_size != group.world_size:
+            raise ConfigError(
+                f"world_size is {world_size}, but this process group has world size "
+                f"{group.world_size}: launch {world_size} processes and call "
+                "burst.distributed.init_from_env() before creating the Run")
         return group
 
     @property

@@ -17,6 +17,7 @@ import hashlib
 import json
 import math
 import re
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -29,6 +30,8 @@ FORMAT_VERSION = 1
 PACK_THRESHOLD = 1 << 20  # tensors smaller than this share a pack blob
 PACK_LIMIT = 64 << 20  # a pack blob is closed once it reaches this size
 ALIGN = 64  # every tensor starts at a multiple of this within its blob
+MAX_MANIFEST_BYTES = 256 << 20  # far above any real manifest; a bigger one is hostile
+MAX_DIMS = 64  # torch allows at most 64 dimensions
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
 DTYPES: dict[str, torch.dtype] = {
@@ -53,6 +56,15 @@ def blob_key(run_id: str, digest: str) -> str:
 
 def manifest_key(run_id: str, step: int) -> str:
     return f"{run_id}/snapshots/{step:012d}.json"
+
+
+def marker_key(run_id: str, step: int) -> str:
+    """A write in progress: the blobs it will reference, kept from GC until it commits."""
+    return f"{run_id}/uploads/{step:012d}.json"
+
+
+def encode_marker(digests: Iterable[str]) -> bytes:
+    return json.dumps({"time": time.time(), "blobs": sorted(digests)}).encode()
 
 
 def step_of_manifest_key(key: str) -> int | None:
@@ -134,10 +146,14 @@ def encode_manifest(manifest: dict[str, Any]) -> bytes:
 
 def parse_manifest(data: bytes, *, run_id: str | None = None, source: str = "manifest") -> dict:
     """Parse and validate a manifest; every later size check relies on what this accepts."""
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise SnapshotError(f"{source} is {len(data)} bytes: too big to be a manifest")
     try:
         manifest = json.loads(data, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as exc:
         raise SnapshotError(f"{source} is not valid JSON ({exc})") from None
+    except RecursionError:
+        raise SnapshotError(f"{source} is nested too deeply to be a manifest") from None
     if not isinstance(manifest, dict):
         raise SnapshotError(f"{source} is not a JSON object")
     version = manifest.get("format")
@@ -178,7 +194,8 @@ def _check_tensor_entry(name: str, entry: Any, blobs: dict, source: str) -> None
     offset, nbytes, digest = entry.get("offset"), entry.get("nbytes"), entry.get("blob")
     if dtype is None:
         raise SnapshotError(f"{source}: tensor {name!r} has unknown dtype {entry.get('dtype')!r}")
-    if not isinstance(shape, list) or not all(_is_count(d) for d in shape):
+    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+            or not all(_is_count(d) and d < 2**62 for d in shape)):
         raise SnapshotError(f"{source}: tensor {name!r} has a malformed shape")
     if not (_is_count(offset) and _is_count(nbytes)) or digest not in blobs:
         raise SnapshotError(f"{source}: tensor {name!r} points at no valid blob range")

@@ -84,9 +84,9 @@ class Guard:
         """Called by the run at a step boundary after a signal: snapshot, flush, exit."""
         reason = self.stop_requested or "signal"
         self.run._capture("signal", persist=True)
-        self._flush(self.grace_seconds)
         self.run._event("failure", kind="signal", signal=reason, step=self.run.step,
                         action="snapshot at step boundary")
+        self._flush(self.grace_seconds)  # the snapshot and the event above
         _say(f"stopped after step {self.run.step}; snapshot saved")
         raise SystemExit(failure.EXIT_STOPPED)
 
@@ -123,23 +123,24 @@ class Guard:
         _free_memory(run)
         if in_optimizer:
             source = "RAM shadow (the optimizer step was interrupted)"
-            saved = self._persist_shadow("oom", budget=None)
+            saved = run._persist_shadow("oom")
         else:
             source = "live state at the last step boundary"
             run._capture_boundary("oom")
             saved = run.step
-            self._flush(None)
         run._event("failure", kind="oom", step=run.step + 1, in_optimizer_step=in_optimizer,
                    snapshot_step=saved, error=summary, **run._layout())
+        self._flush(None)
         _say(f"CUDA out of memory in step {run.step + 1} (micro-batch {run.micro_batch}); "
              f"snapshot of step {saved} from the {source}; exit {failure.EXIT_OOM}")
         return failure.EXIT_OOM
 
     def _recover_gpu_failure(self, summary: str) -> int:
         run = self.run
-        saved = self._persist_shadow("gpu-failure", budget=None)
+        saved = run._persist_shadow("gpu-failure")
         run._event("failure", kind="gpu-failure", step=run.step + 1, snapshot_step=saved,
                    error=summary, **run._layout())
+        self._flush(None)
         _say(f"GPU failure in step {run.step + 1} ({summary}); RAM copy of step {saved} "
              f"saved without touching CUDA; exit {failure.EXIT_GPU_FAILURE}")
         return failure.EXIT_GPU_FAILURE

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from burst import format as fmt
+from burst import killpoints
 from burst.errors import SnapshotError
 from burst.snapshot import list_steps, read_manifest
 from burst.store.base import Store
@@ -69,9 +70,11 @@ def gc(store: Store, run_id: str, keep_last: int = 3, keep_every: int | None = N
     report = GCReport(kept=sorted(kept), dropped=[s for s in steps if s not in kept],
                       dry_run=dry_run)
     referenced = _referenced(store, run_id, report.kept)
+    killpoints.hit("gc.decided")
     if not dry_run:
         for step in report.dropped:
             store.delete(fmt.manifest_key(run_id, step))
+            killpoints.hit("gc.manifest-deleted")
     for key in blob_keys:
         digest = key.rsplit("/", 1)[-1]
         if digest in referenced:
@@ -83,6 +86,7 @@ def gc(store: Store, run_id: str, keep_last: int = 3, keep_every: int | None = N
         report.bytes_freed += store.size(key) or 0
         if not dry_run:
             store.delete(key)
+            killpoints.hit("gc.blob-deleted")
     return report
 
 

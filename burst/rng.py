@@ -13,6 +13,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from burst.errors import SnapshotError
+
 
 def capture() -> dict[str, Any]:
     np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)
@@ -35,6 +37,25 @@ def restore(state: dict[str, Any]) -> list[str]:
     torch.set_rng_state(state["torch"].clone())
     notes.extend(_restore_cuda(state.get("cuda")))
     return notes
+
+
+def check(state: Any) -> None:
+    """Raise ``SnapshotError`` unless ``state`` is what :func:`capture` makes.
+
+    Tried on throwaway generators, so a restore can refuse a malformed snapshot before it
+    has changed anything (the model and optimizer are loaded before the RNGs).
+    """
+    try:
+        random.Random().setstate(_python_state(state["python"]))
+        kind, keys, pos, has_gauss, gauss = state["numpy"]
+        np.random.RandomState().set_state((kind, np.asarray(keys, dtype=np.uint32), pos,
+                                           has_gauss, gauss))
+        torch.Generator().set_state(state["torch"])
+        cuda = state.get("cuda") or []
+        if not isinstance(cuda, list) or not all(isinstance(s, torch.Tensor) for s in cuda):
+            raise TypeError("cuda states are not tensors")
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
+        raise SnapshotError(f"the snapshot's RNG state is malformed ({exc})") from None
 
 
 def _python_state(value: Any) -> tuple:

@@ -45,6 +45,7 @@ from burst.amp import AMP_DTYPES, parse_amp
 from burst.distributed import Group, unwrap
 from burst.errors import ConfigError, SnapshotError
 from burst.guard import DEFAULT_GRACE_SECONDS, Guard
+from burst.metrics import MetricBuffer
 from burst.sampler import ResumableSampler, derive_seed
 from burst.store import Store, default_local_url, is_local, open_store
 from burst.store.base import check_key
@@ -140,6 +141,8 @@ class Run:
         self._requested: str | None = None
         self._last_persist = time.monotonic()
         self._peak_memory: dict[str, int] = {}
+        self._metrics = MetricBuffer(lambda points: self._event(MetricBuffer.EVENT,
+                                                                points=points))
 
     # -- set-up -------------------------------------------------------------------------
 
@@ -318,11 +321,20 @@ class Run:
         self._tiers.flush(timeout)
         if self._uploads is not None:
             self._uploads.flush(None if deadline is None else deadline - time.monotonic())
+            sync.copy_extras(self.local, self.store, self.run_id)  # events written since
+
+    def log(self, **values: float) -> None:
+        """Record metrics of the step just finished (``run.log(loss=loss)``) for
+        ``burst report``; buffered, written with the next snapshot (rank 0 only)."""
+        if self._group.is_writer:  # inside a step's body the step is not yet counted
+            step = self.step + 1 if self._in_step else self.step
+            self._metrics.add(step, self.samples_consumed, values)
 
     def close(self) -> None:
         """Snapshot the final state and wait for it to be stored."""
         self._capture("final", persist=True)
         self._group.settle(self.flush)  # rank 0 stores it; every rank learns the outcome
+        self._metrics.flush()
         self._event("finish", step=self.step)
         self._guard.uninstall()
 
@@ -364,6 +376,7 @@ class Run:
         return latest.step
 
     def _on_commit(self, manifest: dict) -> None:
+        self._metrics.flush()
         self._event("snapshot", step=manifest["step"], reason=manifest["reason"])
         if self._uploads is not None:
             self._uploads.submit(manifest["step"])

@@ -8,8 +8,8 @@ it will not. Every backup, decision and burst is an event in the run's history
 ``burst status`` shows and what an installed (cron / systemd) schedule reads back to know
 when its last backup was.
 
-The cadence tightens as the deadline nears: the gap is ``every`` until an eighth of the
-time left is shorter, then that, never under ``floor``. The last hours before a deadline
+The cadence tightens as the deadline nears: the gap is ``every``, halved whenever it
+exceeds an eighth of the time left, never under ``floor``. The last hours before a deadline
 are when a lost interval hurts most and when a failure leaves least time to recover.
 
 Everything that touches the world is injected (clock, backup, progress, burster, event
@@ -18,21 +18,27 @@ recorder), so tests drive a whole schedule with a simulated clock and never slee
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any, Protocol
 
 from burst import deadline as policy_rules
 from burst import events, snapshot, sync
 from burst.deadline import Decision, Policy, Progress
+from burst.errors import BurstError
+from burst.replan import replan
 from burst.store.base import Store
 from burst.timespec import iso
 
 DEFAULT_EVERY = timedelta(minutes=30)
 DEFAULT_FLOOR = timedelta(minutes=5)
 TIGHTEN = 8  # near the deadline: at most (time left) / TIGHTEN between backups
+DUE_SLACK = timedelta(seconds=60)  # an installed timer's tick this early still counts as due
 
 START, BACKUP, DECISION, BURST, END = ("schedule-start", "schedule-backup", "schedule-decision",
                                        "schedule-burst", "schedule-end")
@@ -66,8 +72,13 @@ class SystemClock:
 
 def interval(time_left: timedelta, every: timedelta = DEFAULT_EVERY,
              floor: timedelta = DEFAULT_FLOOR) -> timedelta:
-    """The gap before the next backup with ``time_left`` until the deadline."""
-    return max(min(every, time_left / TIGHTEN), min(floor, every))
+    """The gap before the next backup with ``time_left`` until the deadline: ``every``,
+    halved until it is at most an eighth of the time left, never under ``floor``. Halving
+    (30m, 15m, 7m30s, 5m) keeps the timeline a few readable steps, not a smear."""
+    gap, floor = every, min(floor, every)
+    while gap > floor and gap > time_left / TIGHTEN:
+        gap /= 2
+    return max(gap, floor)
 
 
 def timeline(start: datetime, deadline: datetime, every: timedelta = DEFAULT_EVERY,
@@ -81,17 +92,18 @@ def timeline(start: datetime, deadline: datetime, every: timedelta = DEFAULT_EVE
 
 
 def segments(moments: Sequence[datetime]) -> list[tuple[datetime, datetime, timedelta, int]]:
-    """Runs of equal gaps: (first, last, gap, count), so a three-day timeline prints short."""
+    """Runs of equal gaps as (first, last, gap to the next, count), so a three-day timeline
+    prints in a few lines. The final backup joins the run before it."""
     out: list[tuple[datetime, datetime, timedelta, int]] = []
-    for before, moment in zip(moments, moments[1:], strict=False):
-        gap = moment - before
+    for index, moment in enumerate(moments):
+        last = index + 1 == len(moments)
+        gap = out[-1][2] if last and out else (
+            timedelta(0) if last else moments[index + 1] - moment)
         if out and out[-1][2] == gap:
             first, _, _, count = out[-1]
             out[-1] = (first, moment, gap, count + 1)
         else:
-            out.append((before, moment, gap, 2 if not out else 1))
-    if not out and moments:
-        out.append((moments[0], moments[0], timedelta(0), 1))
+            out.append((moment, moment, gap, 1))
     return out
 
 
@@ -107,7 +119,7 @@ class BackupResult:
     new: bool = False  # False: the store already had this snapshot
     bytes_sent: int = 0
     seconds: float = 0.0
-    env_files: int = 0  # environment / code files copied this time
+    extra_files: int = 0  # environment, code and history files copied this time
     env: str = "present"  # or "missing": no frozen environment to send
     error: str | None = None
 
@@ -174,6 +186,7 @@ class Scheduler:
     every: timedelta = DEFAULT_EVERY
     floor: timedelta = DEFAULT_FLOOR
     say: Say = field(default=lambda _msg: None)
+    flush: Callable[[], None] = field(default=lambda: None)  # the history to the store
 
     @property
     def deadline(self) -> datetime:
@@ -188,9 +201,11 @@ class Scheduler:
         decision = policy_rules.decide(self.observe(now), self.policy, now)
         self._record(DECISION, now, **decision.fields())
         self.say(f"{decision.action}: {decision.reason}")
-        if not decision.bursts or self.burster is None:
-            return Tick(now, result, decision)
-        return Tick(now, result, decision, self._burst(now, decision, result))
+        code = None
+        if decision.bursts and self.burster is not None:
+            code = self._burst(now, decision, result)
+        self._flush()
+        return Tick(now, result, decision, code)
 
     def run(self) -> str:
         """Tick until the deadline, the run's end or a burst; return why it stopped."""
@@ -201,14 +216,21 @@ class Scheduler:
             tick = self.tick()
             if tick.over:
                 return self.end("burst" if tick.burst_ok else "finished")
-            gap = self.floor if tick.decision.bursts else self.next_gap(now)
+            failed = tick.burst_code is not None  # a failed launch is retried soon
+            gap = self.floor if failed else self.next_gap(now)
             self.clock.sleep(max((now + gap - self.clock.now()).total_seconds(), 0.0))
         return self.end("deadline")
 
     def run_once(self, last_backup: datetime | None) -> Tick | None:
-        """One tick if one is due after ``last_backup`` (cron and systemd mode), else None."""
+        """One tick if one is due after ``last_backup`` (cron and systemd mode), else None.
+
+        A timer fires on the minute while the last backup was stamped a few seconds after
+        one (interpreter start-up), so "due" allows a little slack; without it every other
+        firing would be skipped and the cadence would double.
+        """
         now = self.clock.now()
-        if last_backup is not None and now < last_backup + self.next_gap(last_backup):
+        slack = min(DUE_SLACK, self.floor / 2)
+        if last_backup is not None and now + slack < last_backup + self.next_gap(last_backup):
             return None
         return self.tick()
 
@@ -223,12 +245,16 @@ class Scheduler:
         assert self.burster is not None
         spot = decision.spot
         self.say(f"bursting {self.run_id} to the cloud on {'spot' if spot else 'on-demand'}")
+        self._record(BURST, now, spot=spot, state="launching")
+        self._flush()
         try:
             code, error = self.burster(self.run_id, spot), None
         except Exception as exc:  # a failed launch is retried at the next tick, not fatal
             code, error = 1, f"{type(exc).__name__}: {exc}"
         fields: dict[str, Any] = {"spot": spot, "exit_code": code, "ok": code == 0,
-                                  "step": result.step if result.ok else None}
+                                  "state": "launched" if code == 0 else "failed",
+                                  "step": result.step if result.ok else None,
+                                  "ended": iso(self.clock.now())}
         if error:
             fields["error"] = error
         self._record(BURST, now, **fields)
@@ -237,7 +263,13 @@ class Scheduler:
                  f"burst failed ({error or f'exit code {code}'}); trying again next tick")
         return code
 
-    def _record(self, name: str, now: datetime, **fields: Any) -> None:
+    def _flush(self) -> None:
+        try:
+            self.flush()
+        except Exception as error:  # the next backup copies the history again
+            self.say(f"could not copy the run's history to the store: {error}")
+
+    def _record(self, name: str, now: datetime, /, **fields: Any) -> None:
         self.record(name, time=now.astimezone(UTC).isoformat(timespec="milliseconds"), **fields)
 
 
@@ -247,6 +279,32 @@ def _backup_line(result: BackupResult) -> str:
     what = "pushed" if result.new else "already in the store:"
     env = "" if result.env == "present" else " (no frozen environment: run `burst freeze`)"
     return f"backup: {what} step {result.step}{env}"
+
+
+# -- one schedule per run --------------------------------------------------------------------
+
+
+class Busy(BurstError):
+    """Another schedule process holds this run (a long burst, or a foreground daemon)."""
+
+
+@contextlib.contextmanager
+def exclusive(lock_file: Path) -> Iterator[None]:
+    """Hold ``lock_file`` for the duration, or raise :class:`Busy` at once.
+
+    A burst can stream its cloud job for hours; a cron tick five minutes later must not
+    decide again and launch a second copy of the run.
+    """
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise Busy(f"another `burst schedule` holds {lock_file}") from None
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
 
 
 # -- reading the run -------------------------------------------------------------------------
@@ -290,6 +348,79 @@ def last_backup(history: Sequence[Mapping[str, Any]]) -> datetime | None:
 def burst_done(history: Sequence[Mapping[str, Any]]) -> bool:
     """Whether a scheduled burst already launched the run in the cloud."""
     return any(e.get("event") == BURST and e.get("ok") for e in history)
+
+
+def summary(history: Sequence[Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The schedule's state for ``burst status``: the newest ``schedule-*`` event of each
+    kind (start, backup, decision, burst, end), or None when the run was never scheduled."""
+    newest: dict[str, Any] = {}
+    for event in history:
+        name = str(event.get("event", ""))
+        if name in EVENT_NAMES:
+            newest[name.removeprefix("schedule-")] = dict(event)
+    return newest or None
+
+
+def describe(state: Mapping[str, Any]) -> list[str]:
+    """``summary`` as lines for people: the deadline decision first, since it is the news."""
+    lines = []
+    decision = state.get("decision")
+    if decision:
+        lines.append(f"deadline {decision.get('deadline')}: {decision.get('action')}: "
+                     f"{decision.get('reason')} (decided {decision.get('time')})")
+    backup = state.get("backup")
+    if backup:
+        done = (f"step {backup.get('step')}" if backup.get("ok")
+                else f"failed: {backup.get('error')}")
+        lines.append(f"last scheduled backup {backup.get('time')}: {done}")
+    burst = state.get("burst")
+    if burst:
+        tier = "spot" if burst.get("spot") else "on-demand"
+        why = burst.get("error") or f"exit {burst.get('exit_code')}"
+        outcome = "launched" if burst.get("ok") else f"failed ({why})"
+        lines.append(f"scheduled burst on {tier} {burst.get('time')}: {outcome}")
+    end = state.get("end")
+    if end and (not decision or str(end.get("time")) >= str(decision.get("time"))):
+        lines.append(f"schedule ended {end.get('time')}: {end.get('reason')}")
+    return lines
+
+
+def margin_for(manifest: Mapping[str, Any] | None, override: timedelta | None = None
+               ) -> policy_rules.Margin:
+    """The burst margin for the newest snapshot's size, or the user's own figure."""
+    if override is not None:
+        return policy_rules.Margin(override_s=override.total_seconds())
+    blobs = (manifest or {}).get("blobs") or {}
+    size = sum(int(info.get("size", 0)) for info in blobs.values() if isinstance(info, dict))
+    return policy_rules.estimate_margin(size)
+
+
+def cloud_pace(local: Store, run_id: str, *, total_steps: int | None = None,
+               cards: Sequence[str] = (), speedup: float | None = None,
+               config: Mapping[str, Any] | None = None) -> policy_rules.CloudPace:
+    """The cloud's predicted pace from the planner's first spot and on-demand plans (what
+    ``burst resume`` would launch), or ``speedup`` x the local pace when told or unknown."""
+    if speedup is not None:
+        return policy_rules.CloudPace(None, None, f"assumed {speedup:g}x the local pace", speedup)
+    try:
+        plans = replan(local, run_id, cards=cards, total_steps=total_steps, config=config).plans
+    except BurstError as error:
+        return policy_rules.CloudPace(None, None, f"no plan ({error}); assumed the local pace")
+    spot = _first(plans, spot=True)
+    demand = _first(plans, spot=False)
+    if spot is None and demand is None:
+        return policy_rules.CloudPace(None, None, "the planner has no pace for this run's card; "
+                                      "assumed the local pace")
+    names = [f"{p.target.card.name} {tier}" for p, tier in ((spot, "spot"),
+                                                            (demand, "on-demand")) if p]
+    return policy_rules.CloudPace(spot.steps_per_second if spot else None,
+                                  demand.steps_per_second if demand else None,
+                                  f"burst plan: {', '.join(names)}")
+
+
+def _first(plans: Sequence[Any], *, spot: bool) -> Any:
+    return next((p for p in plans if p.fits and p.target.spot == spot and p.steps_per_second),
+                None)
 
 
 def recorder(store: Store, run_id: str) -> Record:

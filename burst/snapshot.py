@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from typing import Any
 import torch
 
 from burst import format as fmt
+from burst import killpoints
 from burst.errors import SnapshotError
 from burst.store.base import Store
 
@@ -151,6 +153,11 @@ class Tiers:
             except BaseException as exc:  # surfaced to the training thread by flush()
                 with self._cond:
                     self._error = exc
+                # said now, too: a loop that never flushes would otherwise train for hours
+                # believing it is protected (a full disk, a revoked mount)
+                warnings.warn(f"burst: the snapshot of step {captured.step} could not be "
+                              f"written ({_one_line(exc)}); the previous snapshot is kept",
+                              RuntimeWarning, stacklevel=1)
             finally:
                 with self._cond:
                     self._writing = None
@@ -175,17 +182,32 @@ class Tiers:
             raise SnapshotError(f"writing a snapshot failed: {error}") from error
 
 
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
 def write_snapshot(store: Store, run_id: str, captured: Captured) -> dict:
-    """Commit ``captured``: blobs first (skipping ones the store has), then the manifest."""
+    """Commit ``captured``: blobs first (skipping ones the store has), then the manifest.
+
+    A marker naming the blobs is written before them and removed after the manifest, so a
+    ``burst gc`` running meanwhile keeps them (:mod:`burst.retention`); a blob that was
+    skipped because it existed, and that such a GC deleted anyway, is written again.
+    """
     blobs = fmt.layout_blobs(captured.tensors)
     tensor_entries: dict[str, dict] = {}
     blob_sizes: dict[str, dict] = {}
     with ThreadPoolExecutor(max_workers=4) as pool:
-        digests = list(pool.map(lambda b: _write_blob(store, run_id, b, captured.tensors), blobs))
+        digests = list(pool.map(lambda b: fmt.sha256(b.payload(captured.tensors)), blobs))
+        marker = fmt.marker_key(run_id, captured.step)
+        store.put(marker, fmt.encode_marker(digests))
+        killpoints.hit("snapshot.marker-written")
+        skipped = list(pool.map(lambda b, d: _write_blob(store, run_id, b, d, captured.tensors),
+                                blobs, digests))
     for blob, digest in zip(blobs, digests, strict=True):
         blob_sizes[digest] = {"size": blob.size}
         for name, offset in zip(blob.names, blob.offsets, strict=True):
             tensor_entries[name] = fmt.tensor_entry(captured.tensors[name], digest, offset)
+    killpoints.hit("snapshot.blobs-written")
     manifest = {
         **captured.meta,
         "format": fmt.FORMAT_VERSION,
@@ -196,20 +218,26 @@ def write_snapshot(store: Store, run_id: str, captured: Captured) -> dict:
         "blobs": blob_sizes,
     }
     store.put(fmt.manifest_key(run_id, captured.step), fmt.encode_manifest(manifest))
+    killpoints.hit("snapshot.manifest-written")
+    for blob, digest, was_there in zip(blobs, digests, skipped, strict=True):
+        if was_there and store.size(fmt.blob_key(run_id, digest)) != blob.size:
+            _write_blob(store, run_id, blob, digest, captured.tensors)  # a GC raced us
+    store.delete(marker)
+    killpoints.hit("snapshot.marker-deleted")
     return manifest
 
 
-def _write_blob(store: Store, run_id: str, blob: fmt.Blob, tensors: dict) -> str:
-    payload = blob.payload(tensors)
-    digest = fmt.sha256(payload)
+def _write_blob(store: Store, run_id: str, blob: fmt.Blob, digest: str, tensors: dict) -> bool:
+    """Write one blob unless the store has it; True if it was already there."""
     key = fmt.blob_key(run_id, digest)
     if store.size(key) == blob.size:
-        return digest  # content-addressed: the same bytes are already there
-    store.put(key, payload)
+        return True  # content-addressed: the same bytes are already there
+    killpoints.hit("snapshot.blob")
+    store.put(key, blob.payload(tensors))
     written = store.size(key)
     if written != blob.size:
         raise SnapshotError(f"blob {digest[:12]} reads back as {written} bytes, wrote {blob.size}")
-    return digest
+    return False
 
 
 def list_steps(store: Store, run_id: str) -> list[int]:
@@ -226,11 +254,19 @@ def read_manifest(store: Store, run_id: str, step: int | None = None) -> dict | 
             return None
         step = steps[-1]
     key = fmt.manifest_key(run_id, step)
+    check_manifest_size(store, key)
     try:
         data = store.get(key)
     except KeyError:
         raise SnapshotError(f"run {run_id!r} has no snapshot at step {step}") from None
     return fmt.parse_manifest(data, run_id=run_id, source=f"snapshot {run_id}@{step}")
+
+
+def check_manifest_size(store: Store, key: str) -> None:
+    """Refuse to read a "manifest" bigger than any real one (a hostile or broken store)."""
+    size = store.size(key)
+    if size is not None and size > fmt.MAX_MANIFEST_BYTES:
+        raise SnapshotError(f"{key} in {store.url} is {size} bytes: too big to be a manifest")
 
 
 def load_tensors(store: Store, manifest: dict) -> dict[str, torch.Tensor]:

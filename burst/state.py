@@ -74,11 +74,17 @@ def _state_dict(obj: Any) -> Any:
 
 def decode(manifest: dict, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
     """Rebuild the state tree of a manifest with its (verified) tensors."""
-    referenced = tree.tensor_names(manifest["state"])
+    try:
+        referenced = tree.tensor_names(manifest["state"])
+    except RecursionError:
+        raise SnapshotError("snapshot state is nested too deeply to be real: refusing it") from None
     missing = [name for name in referenced if name not in tensors]
     if missing:
         raise SnapshotError(f"snapshot state refers to tensor {missing[0]!r}, which it does not hold")
-    return tree.decode(manifest["state"], tensors.__getitem__)
+    try:
+        return tree.decode(manifest["state"], tensors.__getitem__)
+    except RecursionError:
+        raise SnapshotError("snapshot state is nested too deeply to be real: refusing it") from None
 
 
 def restore(components: Components, state: dict, *, saved_amp: str | None,
@@ -86,6 +92,7 @@ def restore(components: Components, state: dict, *, saved_amp: str | None,
     """Check, then apply ``state`` to ``components``; return notes on what changed."""
     _check_model(components.model, state.get("model"))
     _check_optimizer(components.optimizer, state.get("optimizer"))
+    rng.check(state.get("rng"))
     notes: list[str] = []
     if components.model is not None and state.get("model") is not None:
         components.model.load_state_dict(state["model"], strict=True)

@@ -20,7 +20,6 @@ falls back to the newest older complete one, saying so.
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -29,9 +28,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from burst import format as fmt
+from burst import killpoints
 from burst.errors import SnapshotError
 from burst.retry import DEFAULT_RETRY, RetryPolicy, retry
-from burst.snapshot import list_steps
+from burst.snapshot import check_manifest_size, list_steps
 from burst.store import LocalStore, Store
 
 Progress = Callable[[int, int], None]  # (bytes just done, bytes in this snapshot)
@@ -42,7 +42,7 @@ EXTRA_DIRS = ("env/", "code/", "events.jsonl")
 
 
 def pending_key(run_id: str, step: int) -> str:
-    return f"{run_id}/uploads/{step:012d}.json"
+    return fmt.marker_key(run_id, step)
 
 
 @dataclass
@@ -111,17 +111,21 @@ def push_snapshot(src: Store, dst: Store, run_id: str, step: int, *,
         return transfer
     marker = pending_key(run_id, step)
     retry(lambda: dst.put(marker, _marker(blobs)), policy)
+    killpoints.hit("push.marker-written")
     _send_blobs(src, dst, run_id, blobs, transfer, progress, policy)
+    killpoints.hit("push.blobs-sent")
     if not retry(lambda: dst.put_if_absent(key, raw), policy):
         transfer.manifest = "present"  # another writer committed this step first: keep theirs
+    killpoints.hit("push.manifest-written")
     _repair_missing(src, dst, run_id, blobs, transfer, policy)
     retry(lambda: dst.delete(marker), policy)
+    killpoints.hit("push.marker-deleted")
     transfer.seconds = time.monotonic() - started
     return transfer
 
 
 def _marker(blobs: dict[str, int]) -> bytes:
-    return json.dumps({"time": time.time(), "blobs": sorted(blobs)}).encode()
+    return fmt.encode_marker(blobs)
 
 
 def _send_blobs(src: Store, dst: Store, run_id: str, blobs: dict[str, int], transfer: Transfer,
@@ -147,6 +151,7 @@ def send_blob(src: Store, dst: Store, run_id: str, digest: str, size: int,
                                 "not uploading it")
 
         def attempt() -> None:
+            killpoints.hit("push.blob")
             dst.put(key, view)
             landed = dst.size(key)
             if landed != size:
@@ -257,6 +262,7 @@ def pull_snapshot(src: Store, dst: Store, run_id: str, step: int, *,
         _tick(progress, size, transfer.total_bytes)
 
     _run_all(one, sorted(blobs, key=blobs.__getitem__, reverse=True))
+    killpoints.hit("pull.blobs-fetched")
     dst.put(fmt.manifest_key(run_id, step), raw)
     transfer.seconds = time.monotonic() - started
     return transfer
@@ -290,6 +296,7 @@ def fetch_blob(src: Store, dst: Store, run_id: str, digest: str, size: int) -> N
 
 
 def _read_manifest(store: Store, run_id: str, step: int) -> tuple[bytes, dict]:
+    check_manifest_size(store, fmt.manifest_key(run_id, step))
     try:
         raw = store.get(fmt.manifest_key(run_id, step))
     except KeyError:

@@ -62,11 +62,11 @@ def human(span: timedelta | float) -> str:
     if seconds < 60:
         return f"{seconds}s"
     parts = []
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
         count, seconds = divmod(seconds, size)
         if count:
             parts.append(f"{count}{unit}")
-    return "".join(parts[:2])
+    return "".join(parts[:2])  # two units are precise enough for people: 2d3h, 7m30s
 
 
 def iso(moment: datetime) -> str:

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The main job on the embedded default (a local store, no GPU, no cloud account):
-# train a small model, kill it mid-run with SIGKILL, resume it, and show that the
-# resumed run ends bit-identical to one that never stopped.
+# train the address-matching example, inject a CUDA OOM, resume it (agent retry and
+# the local launcher), and compare with a run that never stopped (scripts/demo.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x .venv/bin/burst ] || bash scripts/setup.sh

@@ -61,7 +61,6 @@ def parse() -> argparse.Namespace:
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--micro-batch", type=int, default=4)
-    p.add_argument("--stop-after", type=int, default=0, help="snapshot after this step, exit")
     p.add_argument("--kill-at", default="", help="STEP:MICRO: rank 0 SIGKILLs itself there")
     return p.parse_args()
 
@@ -76,6 +75,7 @@ def main() -> None:
 
     data = burst.SeededDataset(NoisyPairs(args.samples), seed=7)
     model = build(args.parallel)
+    torch.manual_seed(1000 + group.rank)  # each rank its own stream (what the draws record)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=4, gamma=0.7)
     run = burst.Run(args.run_id, store=args.store, global_batch=args.global_batch,
@@ -104,18 +104,12 @@ def main() -> None:
                 scheduler.step()
                 draw = torch.rand(1).item()  # this rank's generator moves every step
                 records.write(json.dumps({"step": step.index, "epoch": epoch, "indices": indices,
-                                          "samples": step.samples, "loss": total.hex(),
-                                          "draw": draw.hex()}) + "\n")
+                                          "samples": step.samples, "world": run.world_size,
+                                          "loss": total.hex(), "draw": draw.hex()}) + "\n")
                 records.flush()
-                if step.index == args.stop_after:
-                    break
-            if run.step == args.stop_after:
-                break
-    if run.step == args.stop_after:
-        run.snapshot("manual", wait=True)  # between steps: a collective, on every rank
-    else:
-        run.close()
+    run.close()
     if dist.is_initialized():
+        dist.barrier()  # no rank tears down while another still talks to it
         dist.destroy_process_group()
 
 

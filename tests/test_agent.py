@@ -112,3 +112,28 @@ def test_a_bug_in_the_training_script_is_not_retried(tmp_path):
         capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 3
     assert "not a GPU failure, so no retry" in done.stderr
+
+
+def test_sigterm_flushes_the_upload_to_a_remote_store_before_exit(tmp_path, seaweed, monkeypatch):
+    from tests.store_servers import aws_env
+
+    aws_env(monkeypatch)
+    monkeypatch.setenv("BURST_ENDPOINT_URL", seaweed.endpoint)
+    monkeypatch.setenv("BURST_ADDRESSING_STYLE", "path")
+    if seaweed.ca_bundle:
+        monkeypatch.setenv("BURST_CA_BUNDLE", seaweed.ca_bundle)
+    remote = seaweed.url()
+    cmd = [sys.executable, "-m", "burst.cli", "drill", "--fault", "term@5", "--json",
+           "--run-id", "preempted", "--store", remote, "--local", str(tmp_path / "local"),
+           "--", sys.executable, str(EXAMPLE), "--records", str(tmp_path / "r.jsonl"),
+           "--final", str(tmp_path / "f.pt"), "--persist-every", "100"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False)
+    assert done.returncode == 88, done.stderr
+    from burst.store import open_store
+
+    store = open_store(remote, endpoint_url=seaweed.endpoint, addressing_style="path",
+                       ca_bundle=seaweed.ca_bundle)
+    manifest = snapshot.read_manifest(store, "preempted")
+    assert manifest["step"] == 5 and manifest["reason"] == "signal"
+    snapshot.verify(store, "preempted", 5)
+    assert any(e["event"] == "failure" for e in events.read(store, "preempted"))

@@ -106,6 +106,10 @@ def test_a_slow_store_never_blocks_the_training_thread(tmp_path, monkeypatch):
             release.wait(30)
             super().put(key, data)
 
+        def put_if_absent(self, key, data):
+            release.wait(30)
+            return super().put_if_absent(key, data)
+
     monkeypatch.chdir(make_repo(tmp_path / "repo"))
     store = SlowStore("freeze-slow")
     started = time.monotonic()

@@ -30,8 +30,8 @@ def _run_id(run_id: str | None) -> str | None:
 @click.command("freeze")
 @click.argument("run_id", required=False)
 @store_option
-@click.option("--code-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The project to archive (default: the current directory).")
+@click.option("--code-dir", type=click.Path(exists=True, file_okay=False, path_type=Path),
+              default=None, help="The project to archive (default: the current directory).")
 @click.option("--no-code", is_flag=True, help="Freeze the environment only.")
 @click.option("--max-code-bytes", type=click.IntRange(min=1), default=None,
               help=f"Size cap of the code archive (default: ${codearchive.MAX_BYTES_ENV} or "

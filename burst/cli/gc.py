@@ -9,6 +9,7 @@ import click
 from burst import retention
 from burst.catalog import human_bytes
 from burst.cli.options import json_option, store_option, store_settings
+from burst.errors import SnapshotError
 from burst.store import open_store
 
 
@@ -29,6 +30,8 @@ def gc(run_id: str, store_url: str, keep_last: int, keep_every: int | None, dry_
     Safe while an upload runs: blobs of pushes in progress are never deleted.
     """
     store = open_store(store_url, **settings)
+    if not store.list(f"{run_id}/"):  # a typo'd run id must not look like a clean store
+        raise SnapshotError(f"run {run_id!r} has nothing in {store.url}")
     report = retention.gc(store, run_id, keep_last, keep_every, dry_run=dry_run)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=1))

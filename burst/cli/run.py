@@ -28,6 +28,9 @@ def supervision_options(fn):
                      default="burst", show_default=True),
         click.option("--on-killed", type=click.Choice(["restart", "stop"]), default="stop",
                      show_default=True, help="After SIGKILL or a segfault."),
+        click.option("--burst-to", default=None, metavar="TARGET",
+                     help="Where the 'burst' policy resumes the run (burst resume --to: "
+                          "skypilot, ssh://user@host, local); unset: print the command."),
         click.option("--max-retries", type=click.IntRange(0), default=3, show_default=True),
         click.option("--backoff", type=click.IntRange(2), default=2, show_default=True,
                      help="Divide the micro-batch by this on each OOM retry."),
@@ -57,8 +60,15 @@ def build_agent(options: dict, fault: str | None = None, json_output: bool = Fal
     watch = GpuWatch(record, interval=options["gpu_interval"],
                      threshold=options["memory_threshold"],
                      sustain_s=options["memory_sustain"])
+    launcher = None
+    if options.get("burst_to"):
+        from burst.cli.resume import agent_launcher
+
+        launcher = agent_launcher(options["store_url"], options["local_url"],
+                                  options["burst_to"])
     return Agent(list(options["command"]), run_id=run_id, store=history,
                  store_url=options["store_url"], policy=policy, watch=watch, fault=fault,
+                 launcher=launcher,
                  env={"BURST_LOCAL": options["local_url"]},
                  say=lambda msg: click.echo(f"burst: {msg}", err=True),
                  child_stdout=sys.stderr if json_output else None)

@@ -68,3 +68,37 @@ def check_key(key: str) -> str:
         if segment in ("", ".", "..") or not _SAFE_SEGMENT.match(segment):
             raise SnapshotError(f"refusing unsafe store key {key!r}")
     return key
+
+
+def check_prefix(prefix: str) -> str:
+    """Reject listing prefixes that could reach outside the store root (``../``, ``/etc``).
+
+    A prefix is a key cut anywhere (``run/snapshots/``, ``run/bl``, or empty for all), so
+    each complete segment obeys :func:`check_key` and the last, partial one may be empty.
+    """
+    if not prefix:
+        return prefix
+    *whole, last = prefix.split("/")
+    if whole:
+        check_key("/".join(whole))
+    if last and (last in (".", "..") or not _SAFE_SEGMENT.match(last)):
+        raise SnapshotError(f"refusing unsafe store prefix {prefix!r}")
+    if prefix.startswith("/") or "\\" in prefix:
+        raise SnapshotError(f"refusing unsafe store prefix {prefix!r}")
+    return prefix
+
+
+def addressable(keys: list[str]) -> list[str]:
+    """The keys of a listing that :func:`check_key` accepts, sorted.
+
+    A listing comes from the server (or a directory someone else filled); a key such as
+    ``run/env/../../x`` or one with a space can never be read or deleted through burst, so
+    it is left out rather than allowed to fail a pull or a GC halfway.
+    """
+    out = []
+    for key in keys:
+        try:
+            out.append(check_key(key))
+        except SnapshotError:
+            continue
+    return sorted(out)

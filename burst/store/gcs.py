@@ -14,7 +14,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from burst.errors import ConfigError, StoreError
-from burst.store.base import TransientStoreError, check_key
+from burst.store.base import TransientStoreError, addressable, check_key, check_prefix
 from burst.store.config import as_int
 from burst.store.s3 import DEFAULT_PART_SIZE, DEFAULT_WORKERS, parse_bucket_url
 
@@ -83,12 +83,13 @@ class GCSStore:
             return None
 
     def list(self, prefix: str) -> list[str]:
+        check_prefix(prefix)
         root = f"{self.bucket}/{self.prefix}"
         base = root + (prefix.rsplit("/", 1)[0] if "/" in prefix else "")
         with self._errors(f"listing {prefix or '/'}"):
             found = self.fs.find(base.rstrip("/"))
         keys = (path[len(root):] for path in found if path.startswith(root))
-        return sorted(k for k in keys if k.startswith(prefix))
+        return addressable([k for k in keys if k.startswith(prefix)])
 
     def delete(self, key: str) -> None:
         with contextlib.suppress(KeyError), self._errors(f"deleting {key}"):

@@ -3,6 +3,9 @@
 Atomicity comes from the classic recipe: write a temporary file in the same directory,
 ``fsync`` it, ``os.replace`` it into place, then ``fsync`` the directory so the rename
 itself survives a power cut.
+
+Everything is owner-only: directories burst creates are 0700 and files 0600, since a
+snapshot holds the model and its data's statistics and a shared machine has other users.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import tempfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from burst.store.base import check_key
+from burst import killpoints
+from burst.store.base import addressable, check_key, check_prefix
 
 
 class LocalStore:
@@ -29,14 +33,17 @@ class LocalStore:
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _makedirs(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
+                killpoints.hit("local.put.written")
                 f.flush()
                 os.fsync(f.fileno())
+            killpoints.hit("local.put.synced")
             os.replace(tmp, path)
+            killpoints.hit("local.put.replaced")
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -50,7 +57,7 @@ class LocalStore:
         multi-GB blob in RAM); only if ``fill`` returns does it get synced and renamed in.
         """
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _makedirs(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             os.ftruncate(fd, size)
@@ -64,6 +71,7 @@ class LocalStore:
             os.fsync(fd)
             os.close(fd)
             fd = -1
+            killpoints.hit("local.filled.synced")
             os.replace(tmp, path)
         except BaseException:
             if fd >= 0:
@@ -92,13 +100,14 @@ class LocalStore:
 
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _makedirs(path.parent)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
+            killpoints.hit("local.put_if_absent.synced")
             try:
                 os.link(tmp, path)  # link() fails if the target exists: an atomic create
             except FileExistsError:
@@ -136,6 +145,7 @@ class LocalStore:
             return None
 
     def list(self, prefix: str) -> list[str]:
+        check_prefix(prefix)  # a run id of "../x" must not walk outside the store
         base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
         if not base.is_dir():
             return []
@@ -147,13 +157,14 @@ class LocalStore:
                 key = Path(dirpath, name).relative_to(self.root).as_posix()
                 if key.startswith(prefix):
                     keys.append(key)
-        return sorted(keys)
+        return addressable(keys)
 
     def append(self, key: str, data: bytes) -> None:
         """Append in one O_APPEND write: lines from several processes never interleave."""
         path = self._path(key)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        _makedirs(path.parent)
+        # O_NOFOLLOW: a symlink planted at the key is refused, never appended through
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
         try:
             os.write(fd, data)
         finally:
@@ -162,6 +173,20 @@ class LocalStore:
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._path(key).unlink()
+
+
+def _makedirs(path: Path) -> None:
+    """Create ``path`` and missing parents owner-only (``mkdir(parents=True)`` would make
+    the parents world-readable: the mode applies only to the last directory)."""
+    if path.is_dir():
+        return
+    missing = []
+    while not path.exists():
+        missing.append(path)
+        path = path.parent
+    for directory in reversed(missing):
+        with contextlib.suppress(FileExistsError):  # another writer made it first
+            directory.mkdir(mode=0o700)
 
 
 def _close_map(mapped: mmap.mmap) -> None:

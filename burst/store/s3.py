@@ -29,9 +29,11 @@ from urllib.parse import urlparse
 import boto3
 import botocore.config
 import botocore.exceptions as bexc
+import botocore.parsers
 
+from burst import killpoints
 from burst.errors import ConfigError, StoreError
-from burst.store.base import TransientStoreError, check_key
+from burst.store.base import TransientStoreError, addressable, check_key, check_prefix
 from burst.store.config import as_bool, as_int
 
 DEFAULT_PART_SIZE = 32 << 20
@@ -150,8 +152,10 @@ class S3Store:
         if len(view) > self.part_size:
             self._put_multipart(key, view)
             return
+        killpoints.hit("s3.put")
         with self._errors(f"writing {key}"):
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=_ViewReader(view))
+        killpoints.hit("s3.put.done")
 
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         if self.size(key) is not None:  # servers that ignore If-None-Match still get a check
@@ -206,12 +210,13 @@ class S3Store:
 
     def list(self, prefix: str) -> list[str]:
         keys: list[str] = []
+        check_prefix(prefix)
         with self._errors(f"listing {prefix or '/'}"):
             pages = self.client.get_paginator("list_objects_v2").paginate(
                 Bucket=self.bucket, Prefix=self.prefix + prefix)
             for page in pages:
                 keys.extend(item["Key"][len(self.prefix):] for item in page.get("Contents", ()))
-        return sorted(keys)
+        return addressable(keys)
 
     def delete(self, key: str) -> None:
         with self._errors(f"deleting {key}"):
@@ -229,6 +234,7 @@ class S3Store:
             futures = [pool.submit(self._put_part, full, upload, number, view[a:b])
                        for number, (a, b) in enumerate(_ranges(len(view), part), start=1)]
             parts = [{"PartNumber": n, "ETag": f.result()} for n, f in enumerate(futures, 1)]
+            killpoints.hit("s3.multipart.parts-done")
             with self._errors(f"writing {key}"):
                 self.client.complete_multipart_upload(Bucket=self.bucket, Key=full,
                                                       UploadId=upload,
@@ -239,6 +245,7 @@ class S3Store:
             raise
 
     def _put_part(self, full_key: str, upload: str, number: int, view: memoryview) -> str:
+        killpoints.hit("s3.multipart.part")
         with self._errors(f"writing part {number} of {full_key}"):
             response = self.client.upload_part(Bucket=self.bucket, Key=full_key,
                                                UploadId=upload, PartNumber=number,
@@ -298,10 +305,18 @@ class S3Store:
             return StoreError(f"{where}: {what} failed: {code}: {_one_line(message)}")
         if isinstance(exc, (bexc.EndpointConnectionError, bexc.ConnectionClosedError,
                             bexc.ReadTimeoutError, bexc.ConnectTimeoutError,
-                            bexc.HTTPClientError)):
+                            bexc.HTTPClientError, bexc.ConnectionError)):
             return TransientStoreError(f"{where}: cannot reach the endpoint while {what}: "
                                        f"{_one_line(str(exc))}")
+        if isinstance(exc, _DAMAGED_IN_TRANSIT):  # a body cut short or garbled: ask again
+            return TransientStoreError(f"{where}: {what}: the response was damaged in "
+                                       f"transit ({_one_line(str(exc))})")
         return StoreError(f"{where}: {what} failed: {_one_line(str(exc))}")
+
+
+_DAMAGED_IN_TRANSIT = (bexc.IncompleteReadError, bexc.ChecksumError,
+                       getattr(bexc, "FlexibleChecksumError", bexc.ChecksumError),
+                       botocore.parsers.ResponseParserError)
 
 
 def _ranges(size: int, part: int) -> Iterator[tuple[int, int]]:

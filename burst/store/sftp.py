@@ -35,7 +35,7 @@ import paramiko
 from fsspec.implementations.sftp import SFTPFileSystem
 
 from burst.errors import ConfigError, StoreError
-from burst.store.base import TransientStoreError, check_key
+from burst.store.base import TransientStoreError, addressable, check_key, check_prefix
 
 
 class VerifiedSFTPFileSystem(SFTPFileSystem):
@@ -194,12 +194,12 @@ class SFTPStore:
             return attrs.st_size if stat.S_ISREG(attrs.st_mode or 0) else None
 
     def list(self, prefix: str) -> list[str]:
-        start = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
+        start = check_prefix(prefix).rsplit("/", 1)[0] if "/" in prefix else ""
         keys: list[str] = []
         with self._errors(f"listing {prefix or '/'}"):
             self._walk(posixpath.join(self.root, start) if start else self.root, keys)
         cut = len(self.root) + 1
-        return sorted(k[cut:] for k in keys if k[cut:].startswith(prefix))
+        return addressable([k[cut:] for k in keys if k[cut:].startswith(prefix)])
 
     def _walk(self, directory: str, out: list[str]) -> None:
         try:

@@ -1,0 +1,48 @@
+"""``burst report RUN``: write an HTML page with PNG charts of a run's history."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import click
+
+from burst.cli.options import json_option, local_option, store_option
+from burst.store import is_local, open_store
+
+
+@click.command("report")
+@click.argument("run_id")
+@store_option
+@local_option
+@click.option("--out", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Folder to write into  [default: ./burst-report-RUN]")
+@click.option("--memory-threshold", type=click.FloatRange(0, 1), default=0.8,
+              show_default=True, help="Alert line on the memory chart (a recorded alert's "
+              "threshold wins).")
+@json_option
+def report(run_id: str, store_url: str, local_url: str, out_dir: Path | None,
+           memory_threshold: float, as_json: bool) -> None:
+    """Write an HTML report of RUN: loss, throughput and GPU memory over time, each
+    snapshot, failure and resume, and where the run went.
+
+    \b
+    Example:
+      burst report my-run --store s3://bucket/runs --out report/
+      open report/index.html
+    """
+    from burst.report import write_report  # matplotlib loads only for this command
+
+    store = open_store(store_url)
+    more = [] if is_local(store) else [open_store(local_url)]  # the agent's local history
+    written = write_report(store, run_id, out_dir or Path(f"burst-report-{run_id}"), *more,
+                           threshold=memory_threshold)
+    if as_json:
+        click.echo(json.dumps(written.as_dict(), indent=1))
+        return
+    facts = ", ".join(f"{k} {v}" for k, v in written.summary.items()
+                      if k in ("final step", "snapshots", "failures", "resumes"))
+    click.echo(f"wrote {written.html} ({facts})")
+
+
+COMMANDS = (report,)

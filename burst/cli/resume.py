@@ -1,0 +1,239 @@
+"""``burst resume``: continue a run on another machine; ``burst node``: its node side."""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from burst import config as user_config
+from burst import node, resume
+from burst import plan as planner
+from burst.cli.options import local_option, store_option
+from burst.cli.plan import OFFLINE_ENV, _counts, _csv
+from burst.errors import BurstError, ConfigError
+from burst.launch import Launcher, Reporter
+from burst.launch.local import Faults, LocalLauncher
+from burst.launch.skypilot import MODES, SkyPilotLauncher
+from burst.launch.ssh import SSHLauncher, Target
+from burst.launch.task import NodeSoftware
+from burst.store import open_store
+
+STUB_ROOT_ENV = "BURST_STUB_ROOT"
+
+
+def make_launcher(to: str, options: dict) -> Launcher:
+    """``skypilot``, ``local`` or ``ssh://user@host[:port]`` with its options."""
+    if to == "skypilot":
+        return SkyPilotLauncher(options.get("mode") or "jobs", options.get("cluster"),
+                                options.get("idle_minutes") or 10, bool(options.get("keep")))
+    if to == "local":
+        root = options.get("stub_root") or os.environ.get(STUB_ROOT_ENV) or ".burst-nodes"
+        faults = Faults(options.get("stub_fail_first") or 0, options.get("stub_preempt_at"),
+                        options.get("stub_preempt") or "term")
+        return LocalLauncher(root, faults)
+    if to.startswith("ssh://"):
+        target = Target.parse(to, options.get("ssh_config"), options.get("identity"),
+                              options.get("known_hosts"))
+        return SSHLauncher(target, options.get("remote_dir") or "~/burst-node",
+                           bool(options.get("accept_new_host")),
+                           options.get("node_python") or "python3")
+    raise ConfigError(f"--to {to!r}: use skypilot, local or ssh://[user@]host[:port]")
+
+
+def _request(run_id: str, options: dict, command: tuple[str, ...]) -> resume.Request:
+    spot = options["spot"]
+    policy = "first" if spot is None else ("only" if spot else "never")
+    software = NodeSoftware(options["node_python"], options["burst_spec"] or resume.default_spec())
+    return resume.Request(
+        run_id=run_id, store_url=options["store_url"], local_url=options["local_url"],
+        cards=_csv(options["cards"]), region=options["region"], infra=_csv(options["infra"]),
+        counts=_counts(options["counts"]), nodes=options["nodes"],
+        options=planner.Options(margin=options["margin"], amp=options["amp"], spot=policy),
+        micro_batch=options["micro_batch"], command=command, software=software,
+        secrets=_csv(options["secrets"]), managed=options["mode"] != "cluster",
+        max_restarts=options["max_restarts"], config=user_config.load(options["config_path"]),
+        skypilot_catalog=not options["offline"] and not os.environ.get(OFFLINE_ENV),
+        remote_node=options["to"] != "local",
+    )
+
+
+@click.command("resume", context_settings={"ignore_unknown_options": True})
+@click.argument("run_id", required=False, envvar="BURST_RUN_ID")
+@click.option("--to", default="skypilot", show_default=True,
+              help="skypilot, ssh://[user@]host[:port], or local (the SkyPilot stub).")
+@click.option("--gpu", "cards", multiple=True, metavar="NAME[,NAME]",
+              help="Allowed cards (default: every card in the catalog).")
+@click.option("--count", "counts", multiple=True, metavar="N[,N]", help="GPUs per node.")
+@click.option("--nodes", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--region", default="any", show_default=True,
+              help="Region profile: any, beijing, us, europe, or [regions.NAME] in the config.")
+@click.option("--infra", multiple=True, metavar="INFRA", help="SkyPilot infra strings instead.")
+@click.option("--spot/--no-spot", default=None,
+              help="Only spot / only on-demand (default: spot first, then on-demand).")
+@click.option("--amp", type=click.Choice(planner.AMP_POLICIES), default="auto", show_default=True)
+@click.option("--margin", type=click.FloatRange(0, 1, min_open=True),
+              default=planner.DEFAULT_MARGIN, show_default=True)
+@click.option("--micro-batch", type=click.IntRange(min=1), default=None,
+              help="Force this micro-batch (the global batch never changes).")
+@click.option("--mode", type=click.Choice(MODES), default="jobs", show_default=True,
+              help="skypilot: a managed job with recovery, or a cluster with autostop.")
+@click.option("--cluster", default=None, help="skypilot cluster mode: the cluster's name.")
+@click.option("--idle-minutes", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--keep", is_flag=True, help="skypilot cluster mode: do not tear down at the end.")
+@click.option("--max-restarts", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Managed-job restarts on burst's failure exit codes.")
+@click.option("--secret", "secrets", multiple=True, metavar="NAME",
+              help="Also pass this environment variable to the node as a secret.")
+@click.option("--node-python", default=None,
+              help="The node already has the environment: this interpreter (checked, "
+                   "not installed).")
+@click.option("--burst-spec", default=None, help="What the node pip-installs to get burst.")
+@click.option("--ssh-config", default=None, help="ssh: the SSH config file.")
+@click.option("--identity", default=None, help="ssh: the private key.")
+@click.option("--known-hosts", default=None, help="ssh: the known_hosts file.")
+@click.option("--accept-new-host", is_flag=True, help="ssh: trust a host not in known_hosts.")
+@click.option("--remote-dir", default=None, help="ssh: where node directories go.")
+@click.option("--stub-root", default=None, help=f"local: node directories (${STUB_ROOT_ENV}).")
+@click.option("--stub-fail-first", type=click.IntRange(min=0), default=0,
+              help="local: refuse the first K candidates for capacity.")
+@click.option("--stub-preempt-at", type=click.IntRange(min=1), default=None,
+              help="local: preempt the job at this optimizer step.")
+@click.option("--stub-preempt", type=click.Choice(["term", "kill"]), default="term")
+@click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None)
+@click.option("--offline", is_flag=True, help="Embedded card table only (no SkyPilot catalog).")
+@click.option("--dry-run", is_flag=True, help="Plan, render, validate, print; launch nothing.")
+@store_option
+@local_option
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def resume_command(run_id: str | None, command: tuple[str, ...], dry_run: bool,
+                   **options: object) -> None:
+    """Continue RUN_ID elsewhere from its newest snapshot: burst resume RUN --to local
+    [-- python train.py ...] (default command: the one the agent last ran)."""
+    if not run_id:
+        raise click.UsageError("give a RUN_ID (or set $BURST_RUN_ID)")
+    console = Console(stderr=True)
+    launcher = make_launcher(str(options["to"]), options)
+    request = _request(run_id, options, command)
+    prepared = resume.prepare(request, say=lambda m: console.print(f"burst: {escape(m)}"))
+    show(prepared, launcher, console)
+    if dry_run:
+        console.print("[bold]dry run:[/bold] nothing launched")
+        return
+    sys.exit(run_launch(prepared, launcher, console))
+
+
+def run_launch(prepared: resume.Prepared, launcher: Launcher, console: Console) -> int:
+    """Launch and stream; the job's exit code becomes ours."""
+    report = Reporter(say=lambda m: console.print(f"burst: {escape(m)}"),
+                      output=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+    result = resume.launch(prepared, launcher, report)
+    state = "finished" if result.returncode == 0 else f"ended with exit {result.returncode}"
+    console.print(f"burst: run {escape(prepared.request.run_id)} {state} at "
+                  f"{escape(result.where)}")
+    return result.returncode
+
+
+def show(prepared: resume.Prepared, launcher: Launcher, console: Console) -> None:
+    """The plan, the environment record, the rendered task and the exact commands."""
+    request = prepared.request
+    if prepared.pushed is not None:
+        console.print(f"pushed local snapshot at step {prepared.pushed}")
+    env = prepared.environment
+    console.print(f"[bold]resume[/bold] {escape(request.run_id)} from step {prepared.step} "
+                  f"in {escape(prepared.store.url)} -> {escape(launcher.kind)}")
+    console.print(f"environment: lockfile {str(env.get('lockfile'))[:12]}, python "
+                  f"{env.get('python')}, torch {env.get('torch')}, code "
+                  f"{str(env.get('code'))[:12]}")
+    table = Table(title="candidates, in failover order")
+    for column in ("#", "card", "GPUs", "where", "spot", "micro", "accum", "AMP", "$/h"):
+        table.add_column(column)
+    for index, plan in enumerate(prepared.candidates, 1):
+        target = plan.target
+        price = plan.price_per_hour
+        table.add_row(str(index), target.card.name, f"{target.count}x{target.nodes}",
+                      escape(target.place.label), "yes" if target.spot else "no",
+                      str(plan.micro_batch), str(plan.accumulation), plan.amp or "fp32",
+                      "?" if price is None else f"{price:.2f}")
+    console.print(table)
+    for warning in prepared.warnings:
+        console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+    console.print("[bold]task[/bold] (validated with sky.Task.from_yaml_str):")
+    click.echo(prepared.task.yaml)
+    console.print("[bold]commands[/bold]:")
+    for line in launcher.describe(prepared.task, sorted(prepared.secrets)):
+        click.echo(f"  {line}")
+
+
+def agent_launcher(store_url: str, local_url: str, to: str) -> Callable[[str], int]:
+    """What ``burst run --on-oom burst`` calls: a resume with the defaults, to ``to``."""
+
+    def launch(run_id: str) -> int:
+        console = Console(stderr=True)
+        options = {"to": to, "store_url": store_url, "local_url": local_url, "cards": (),
+                   "region": "any", "infra": (), "counts": (), "nodes": 1, "spot": None,
+                   "margin": planner.DEFAULT_MARGIN, "amp": "auto", "micro_batch": None,
+                   "node_python": os.environ.get("BURST_NODE_PYTHON"), "burst_spec": None,
+                   "secrets": (), "mode": "jobs", "max_restarts": 3, "config_path": None,
+                   "offline": bool(os.environ.get(OFFLINE_ENV))}
+        try:
+            launcher = make_launcher(to, options)
+            prepared = resume.prepare(_request(run_id, options, ()),
+                                      say=lambda m: console.print(f"burst: {escape(m)}"))
+            return run_launch(prepared, launcher, console)
+        except BurstError as error:
+            console.print(f"burst: resume failed: {escape(str(error))}")
+            return error.exit_code
+
+    return launch
+
+
+# -- the node side --------------------------------------------------------------------------
+
+
+@click.group("node")
+def node_group() -> None:
+    """What a resumed run's task runs on its node (set up by burst resume)."""
+
+
+def _software(python: str | None, venv: Path | None) -> tuple[str | None, Path]:
+    base = node.node_dir()
+    return python, (venv or base / "venv")
+
+
+@node_group.command("setup")
+@click.option("--python", default=None, help="Use this interpreter's environment (checked).")
+@click.option("--venv", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Install the run's environment here (default $BURST_NODE_DIR/venv).")
+@click.option("--code-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Restore the code here (default $BURST_NODE_DIR/code).")
+def node_setup(python: str | None, venv: Path | None, code_dir: Path | None) -> None:
+    """Restore the run's code and build (or check) its environment."""
+    run_id, store_url = node.run_identity()
+    python, venv_dir = _software(python, venv)
+    node.setup(run_id, open_store(store_url), python=python, venv=venv_dir,
+               code_dir=code_dir or node.node_dir() / "code",
+               say=lambda m: click.echo(f"burst node: {m}", err=True))
+
+
+@node_group.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("--python", default=None, help="The environment's interpreter.")
+@click.option("--venv", type=click.Path(file_okay=False, path_type=Path), default=None)
+@click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED)
+def node_run(python: str | None, venv: Path | None, command: tuple[str, ...]) -> None:
+    """Pull, check, re-plan for this card, and train: burst node run -- python train.py"""
+    run_id, store_url = node.run_identity()
+    python, venv_dir = _software(python, venv)
+    code = node.run(command, run_id, store_url, python=python, venv=venv_dir,
+                    local_dir=node.node_dir() / "local",
+                    say=lambda m: click.echo(f"burst node: {m}", err=True))
+    sys.exit(code)
+
+
+COMMANDS = (resume_command, node_group)

@@ -1,0 +1,60 @@
+"""Named kill points: SIGKILL this process at the Nth point reached, for crash-matrix tests.
+
+The commit protocol (blobs, then the manifest; manifests deleted before blobs) only
+proves itself under real crashes at every step of it, so the code that writes snapshots
+marks each step with ``hit("name")``. Normally nothing is armed and ``hit`` returns after
+one global read. Armed (``BURST_KILLPOINT=N`` in the environment, or :func:`arm` in a
+forked test child), the Nth point reached SIGKILLs the whole process: no ``finally``,
+no atexit, no flush, exactly like the OOM killer or a preempted VM.
+
+``BURST_KILLPOINT_LOG=path`` appends each point's name as it is reached (one line, written
+before any kill), so a harness can count the points of a workload and say where it killed.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+ENV_KILLPOINT = "BURST_KILLPOINT"
+ENV_LOG = "BURST_KILLPOINT_LOG"
+
+_lock = threading.Lock()
+_target: int | None = None
+_log: str | None = None
+_count = 0
+
+
+def arm(target: int | None, log: str | None = None) -> None:
+    """Kill at the ``target``-th point from now (None: never); log point names to ``log``."""
+    global _target, _log, _count
+    with _lock:
+        _target, _log, _count = target, log, 0
+
+
+def _from_env() -> None:
+    raw = os.environ.get(ENV_KILLPOINT, "").strip()
+    log = os.environ.get(ENV_LOG) or None
+    if raw or log:
+        arm(int(raw) if raw.isdigit() and int(raw) > 0 else None, log)
+
+
+def hit(name: str) -> None:
+    """Mark a point of a persist or upload; free unless a kill point or log is armed."""
+    if _target is None and _log is None:
+        return
+    global _count
+    with _lock:
+        _count += 1
+        if _log is not None:
+            fd = os.open(_log, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            try:
+                os.write(fd, f"{_count} {name}\n".encode())
+            finally:
+                os.close(fd)
+        if _count == _target:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+_from_env()

@@ -1,0 +1,107 @@
+"""The ``skypilot`` launcher: the real SDK (skypilot 0.14.1).
+
+Two modes. ``jobs`` (the default): a managed job, ``sky.jobs.launch``; SkyPilot walks the
+ordered candidates, and on preemption or a recoverable exit code (the task's
+``job_recovery``) brings the job up again elsewhere with the same ``SKYPILOT_TASK_ID``, so
+the node side simply resumes from the newest snapshot; the controller tears the node down
+when the job ends. ``cluster``: ``sky.launch`` on a named cluster with autostop (and
+autodown), for when a person wants to log in; it is torn down when the run ends unless
+``keep`` is set.
+
+Requests are asynchronous in the 0.14 SDK: each call returns a request id and
+``sky.stream_and_get`` streams its log and returns its result. Secret values are handed to
+``sky.Task.from_yaml_config`` as ``secrets_overrides``: they live in the ``sky.Task`` (which
+redacts them) and never in the YAML.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from burst.errors import BurstError, ConfigError
+from burst.launch import LaunchResult, Reporter
+from burst.launch.task import RenderedTask, validate
+
+MODES = ("jobs", "cluster")
+
+
+@dataclass
+class SkyPilotLauncher:
+    mode: str = "jobs"
+    cluster: str | None = None  # cluster mode: its name (default: the task's)
+    idle_minutes: int = 10  # cluster mode: autostop (and autodown) after this idle time
+    keep: bool = False  # cluster mode: leave the cluster up when the run ends
+    kind: str = "skypilot"
+
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ConfigError(f"SkyPilot mode must be one of {', '.join(MODES)}, "
+                              f"got {self.mode!r}")
+
+    def describe(self, task: RenderedTask, secret_names: list[str]) -> list[str]:
+        secrets = "".join(f" --secret {name}" for name in secret_names)
+        if self.mode == "jobs":
+            return [f"sky jobs launch -n {shlex.quote(task.name)}{secrets} task.yaml  "
+                    "# sky.jobs.launch(task, name=...) then sky.stream_and_get(request)",
+                    f"sky jobs logs -n {shlex.quote(task.name)} --follow  "
+                    "# sky.jobs.tail_logs(job_id=..., follow=True)"]
+        cluster = shlex.quote(self._cluster(task))
+        lines = [f"sky launch -c {cluster} -i {self.idle_minutes} --down{secrets} task.yaml  "
+                 "# sky.launch(task, cluster_name=..., idle_minutes_to_autostop=..., down=True)",
+                 f"sky logs {cluster} JOB_ID --follow  # sky.tail_logs(cluster, job_id, "
+                 "follow=True)"]
+        if not self.keep:
+            lines.append(f"sky down {cluster}  # sky.down(cluster) when the run ends")
+        return lines
+
+    def launch(self, task: RenderedTask, secrets: Mapping[str, str],
+               report: Reporter) -> LaunchResult:
+        sky_task = validate(task.yaml, secrets)
+        try:
+            if self.mode == "jobs":
+                return self._managed_job(sky_task, task, report)
+            return self._on_cluster(sky_task, task, report)
+        except BurstError:
+            raise
+        except Exception as exc:  # the SDK's own errors: capacity, credentials, API server
+            raise BurstError(f"SkyPilot: {_one_line(exc)}") from None
+
+    def _cluster(self, task: RenderedTask) -> str:
+        return self.cluster or task.name
+
+    def _managed_job(self, sky_task: Any, task: RenderedTask, report: Reporter
+                     ) -> LaunchResult:
+        import sky
+
+        request = sky.jobs.launch(sky_task, name=task.name)
+        job_ids, _controller = sky.stream_and_get(request)
+        job_id = job_ids[0] if job_ids else None
+        report.event("skypilot-job", name=task.name, job_id=job_id)
+        report.say(f"managed job {task.name} (id {job_id}) launched; following its logs "
+                   "(Ctrl-C stops following, not the job)")
+        code = sky.jobs.tail_logs(job_id=job_id, follow=True)
+        return LaunchResult(int(code or 0), f"skypilot-job:{task.name}:{job_id}",
+                            {"job_id": job_id})
+
+    def _on_cluster(self, sky_task: Any, task: RenderedTask, report: Reporter) -> LaunchResult:
+        import sky
+
+        cluster = self._cluster(task)
+        request = sky.launch(sky_task, cluster_name=cluster,
+                             idle_minutes_to_autostop=self.idle_minutes, down=True)
+        job_id, _handle = sky.stream_and_get(request)
+        report.event("skypilot-cluster", cluster=cluster, job_id=job_id)
+        report.say(f"cluster {cluster}: job {job_id} running; following its logs")
+        code = sky.tail_logs(cluster, job_id, follow=True)
+        if not self.keep:
+            report.say(f"tearing down {cluster}")
+            sky.stream_and_get(sky.down(cluster))
+        return LaunchResult(int(code or 0), f"skypilot-cluster:{cluster}", {"job_id": job_id})
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__

@@ -1,0 +1,215 @@
+"""The SkyPilot task a resume launches, rendered from ``templates/`` and checked by SkyPilot.
+
+Every launcher runs this one rendered YAML (SkyPilot hands it to the cloud, the ``ssh``
+launcher and the local stub run its ``setup`` and ``run`` themselves), so what the tests
+exercise is what the cloud runs.
+
+What goes where, and why:
+
+- ``resources.ordered``: the planner's fitting candidates in its failover order (every spot
+  entry, then every on-demand one); SkyPilot tries them in that order.
+- ``job_recovery``: for managed jobs, ``EAGER_NEXT_REGION`` (a preempted spot job moves on
+  rather than waiting where capacity just vanished), a bounded ``max_restarts_on_errors``
+  and the exit codes where a new node helps: a GPU failure (87) and an OOM (86) the node
+  could not shrink away. A script error is not retried: it would fail the same way.
+- ``envs``: the run id, the store URL and its non-secret settings, the plan policy.
+- ``secrets``: credential *names* only, with null values. The values are handed to the
+  SDK at launch (:func:`load`) and never written to a file or printed.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jinja2
+
+from burst.errors import ConfigError
+from burst.failure import EXIT_GPU_FAILURE, EXIT_OOM
+from burst.plan import Plan
+
+TEMPLATES_ENV = "BURST_TEMPLATES"
+SINGLE, MULTI = "task.yaml.j2", "task-multinode.yaml.j2"
+RECOVER_ON = (EXIT_OOM, EXIT_GPU_FAILURE)
+DEFAULT_MAX_RESTARTS = 3
+INSTALLED_BURST = '"$BURST_NODE_DIR/bootstrap/bin/burst"'
+
+
+@dataclass(frozen=True)
+class NodeSoftware:
+    """How the node gets burst and the run's environment.
+
+    ``python`` None: install burst (``burst_spec``) into a bootstrap venv, then the run's
+    environment from its lockfile. ``python`` set: the node already has an environment
+    (a prepared image, a lab box); it is checked against the lockfile instead.
+    """
+
+    python: str | None = None
+    burst_spec: str = ""
+
+    @property
+    def burst(self) -> str:
+        if self.python:
+            return f"{shlex.quote(self.python)} -m burst.cli"
+        return INSTALLED_BURST
+
+    @property
+    def node_flags(self) -> str:
+        return f" --python {shlex.quote(self.python)}" if self.python else ""
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a rendered task says, as plain values."""
+
+    run_id: str
+    step: int
+    reason: str
+    name: str
+    candidates: Sequence[Plan]
+    entry_point: Sequence[str]
+    envs: Mapping[str, str]
+    secret_names: Sequence[str] = ()
+    software: NodeSoftware = field(default_factory=NodeSoftware)
+    managed: bool = True
+    max_restarts: int = DEFAULT_MAX_RESTARTS
+
+    @property
+    def num_nodes(self) -> int:
+        return self.candidates[0].target.nodes if self.candidates else 1
+
+
+@dataclass(frozen=True)
+class RenderedTask:
+    """The YAML text and what the launchers need from it (parsed back, not re-derived)."""
+
+    yaml: str
+    config: dict[str, Any]
+    secret_names: tuple[str, ...]
+
+    @property
+    def name(self) -> str:
+        return str(self.config["name"])
+
+    @property
+    def envs(self) -> dict[str, str]:
+        return {k: str(v) for k, v in (self.config.get("envs") or {}).items()}
+
+    @property
+    def num_nodes(self) -> int:
+        return int(self.config.get("num_nodes") or 1)
+
+    @property
+    def candidates(self) -> list[dict[str, Any]]:
+        return list((self.config.get("resources") or {}).get("ordered") or [])
+
+    @property
+    def job_recovery(self) -> dict[str, Any] | None:
+        return (self.config.get("resources") or {}).get("job_recovery")
+
+    @property
+    def setup(self) -> str:
+        return str(self.config.get("setup") or "")
+
+    @property
+    def run(self) -> str:
+        return str(self.config.get("run") or "")
+
+
+def template_dir() -> Path:
+    """``$BURST_TEMPLATES``, else the repository's ``templates/``."""
+    explicit = os.environ.get(TEMPLATES_ENV)
+    path = Path(explicit) if explicit else Path(__file__).resolve().parents[2] / "templates"
+    if not (path / SINGLE).is_file():
+        raise ConfigError(f"the SkyPilot task templates are not in {path}: set "
+                          f"${TEMPLATES_ENV} to the directory holding {SINGLE}")
+    return path
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(loader=jinja2.FileSystemLoader(template_dir()),
+                             undefined=jinja2.StrictUndefined, keep_trailing_newline=True,
+                             autoescape=False)
+    env.filters["shquote"] = shlex.quote
+    env.policies["json.dumps_kwargs"] = {"sort_keys": False}
+    return env
+
+
+def resource_entry(plan: Plan) -> dict[str, Any]:
+    """One ``resources.ordered`` entry for a candidate."""
+    target = plan.target
+    return {"accelerators": f"{target.card.name}:{target.count}", "infra": target.place.infra,
+            "use_spot": target.spot}
+
+
+def job_recovery(spec: TaskSpec) -> dict[str, Any] | None:
+    if not spec.managed:
+        return None
+    return {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": spec.max_restarts,
+            "recover_on_exit_codes": list(RECOVER_ON)}
+
+
+def render(spec: TaskSpec) -> RenderedTask:
+    """Render the template for ``spec`` and parse it back with SkyPilot's own parser."""
+    if not spec.candidates:
+        raise ConfigError("nothing to launch: no candidate fits the run")
+    if not spec.entry_point:
+        raise ConfigError("no entry point: give the training command after --")
+    template = MULTI if spec.num_nodes > 1 else SINGLE
+    from burst import distributed
+
+    text = _environment().get_template(template).render(
+        run_id=spec.run_id, step=spec.step, reason=spec.reason, name=spec.name,
+        num_nodes=spec.num_nodes, job_recovery=job_recovery(spec),
+        candidates=[resource_entry(p) for p in spec.candidates],
+        envs=dict(spec.envs), secrets=list(spec.secret_names),
+        install_burst=spec.software.python is None, burst_spec=spec.software.burst_spec,
+        burst=spec.software.burst, setup_args=spec.software.node_flags,
+        run_args=spec.software.node_flags, entry_point=shlex.join(spec.entry_point),
+        torchrun=distributed.torchrun_shell(shlex.join(_script_of(spec.entry_point))),
+    )
+    return parse(text)
+
+
+def _script_of(command: Sequence[str]) -> list[str]:
+    """torchrun takes the script, not ``python script``: drop a leading interpreter."""
+    head = Path(command[0]).name if command else ""
+    if head.startswith("python") and len(command) > 1:
+        return list(command[1:])
+    return list(command)
+
+
+def parse(text: str) -> RenderedTask:
+    """Check ``text`` with ``sky.Task.from_yaml_str`` (offline) and keep its config."""
+    import yaml
+
+    task = validate(text)
+    config = yaml.safe_load(text)
+    secrets = tuple((config.get("secrets") or {}).keys())
+    del task
+    return RenderedTask(text, config, secrets)
+
+
+def validate(text: str, secrets: Mapping[str, str] | None = None) -> Any:
+    """The ``sky.Task`` for ``text``; a task SkyPilot rejects is a one-line error.
+
+    ``secrets`` (name -> value) fill the null-valued names at load time, so they become
+    inline secrets for the launch and never appear in the YAML.
+    """
+    try:
+        import sky
+        import yaml
+    except ImportError:
+        raise ConfigError("SkyPilot is not installed: pip install 'burst-failover[cloud]'") from None
+    try:
+        config = yaml.safe_load(text)
+        if secrets:
+            return sky.Task.from_yaml_config(config, secrets_overrides=list(secrets.items()))
+        return sky.Task.from_yaml_str(text)
+    except Exception as exc:  # SkyPilot raises ValueError, jsonschema errors, YAML errors
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"SkyPilot rejects the rendered task: {first}") from None

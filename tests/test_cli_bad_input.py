@@ -1,0 +1,180 @@
+"""Bad input for every command: a one-line error, a non-zero exit, never a traceback.
+
+The table is generated from ``burst.cli.main`` itself (every command and subcommand, each
+parameter's type), so a command added later is covered without touching this file:
+unknown flags, missing arguments, values of the wrong type, bad choices, missing files,
+unknown runs, run ids that try to leave the store, malformed and unreachable stores.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from burst import retry
+from burst.cli import EXIT_INTERNAL, main
+
+UNREACHABLE = "sftp://127.0.0.1:1/nowhere"  # nothing listens on port 1
+STORE = "{store}"  # each case gets a fresh empty store directory
+MISSING = "{blocked}/x"  # below a regular file: cannot exist, nor be created, even by root
+NUMERIC = (click.types.IntParamType, click.types.FloatParamType)
+# flags that would act on the machine (install timers, packages) are never passed
+SIDE_EFFECTS = {"install", "uninstall", "system"}
+
+
+def commands(group: click.Group = main, prefix: tuple[str, ...] = ()
+             ) -> Iterator[tuple[tuple[str, ...], click.Command]]:
+    for name, command in sorted(group.commands.items()):
+        if isinstance(command, click.Group):
+            yield from commands(command, (*prefix, name))
+        else:
+            yield (*prefix, name), command
+
+
+def _option(command: click.Command, name: str) -> click.Option | None:
+    return next((p for p in command.params
+                 if isinstance(p, click.Option) and p.name == name), None)
+
+
+def base_args(command: click.Command, store: str) -> list[str]:
+    """The least a command needs to get past parsing: its required parameters."""
+    args: list[str] = []
+    for param in command.params:
+        if isinstance(param, click.Option) and param.required:
+            flag = param.opts[0]
+            value = {"run_id": "no-such-run", "fault": "oom@1", "store_url": store}.get(
+                param.name or "", "x")
+            args += [flag, value]
+    for param in command.params:
+        if isinstance(param, click.Argument) and param.name == "run_id":
+            args.append("no-such-run")
+    for param in command.params:
+        if isinstance(param, click.Argument) and param.name == "command" and param.required:
+            args.append("true")
+    return args
+
+
+def cases(path: tuple[str, ...], command: click.Command, store: str
+          ) -> Iterator[tuple[str, list[str]]]:
+    base = base_args(command, store)
+    yield "unknown flag", [*path, "--no-such-flag", *base]
+    if any(p.required for p in command.params):
+        yield "nothing given", list(path)
+    for param in command.params:
+        if not isinstance(param, click.Option) or param.is_flag or param.name in SIDE_EFFECTS:
+            continue
+        flag = param.opts[0]
+        if isinstance(param.type, NUMERIC):
+            yield f"{flag} not a number", [*path, *base, flag, "not-a-number"]
+        elif isinstance(param.type, click.Choice):
+            yield f"{flag} bad choice", [*path, *base, flag, "no-such-choice"]
+        elif isinstance(param.type, click.File | click.Path):
+            yield f"{flag} missing file", [*path, *base, flag, MISSING]
+    if _option(command, "store_url") is not None:
+        yield "unknown run", [*path, *base, "--store", store]
+        yield "unreachable store", [*path, *base, "--store", UNREACHABLE]
+        yield "malformed store", [*path, *base, "--store", "s3://"]
+        yield "unknown scheme", [*path, *base, "--store", "nosuch://x/y"]
+    if any(p.name == "run_id" for p in command.params):
+        hostile = [a if a != "no-such-run" else "../../etc" for a in base]
+        if hostile != base:
+            yield "run id leaving the store", [*path, *hostile, "--store", store]
+
+
+def all_cases() -> list[tuple[str, list[str]]]:
+    return [(f"{' '.join(path)}: {why}", args)
+            for path, command in commands() for why, args in cases(path, command, STORE)]
+
+
+# Some commands accept an unknown run on purpose: freezing one starts it, and a wrapper
+# around a training command runs it (it reaches the store only if the command does).
+# `report` and `status` describe an unknown run as empty rather than refusing it.
+ACCEPTS_NEW_RUN = {"freeze", "run", "drill", "node setup", "node run", "schedule", "report",
+                   "status"}
+WRAPPERS = {"run", "drill"}
+
+
+def _allowed_success(case: str) -> bool:
+    name, why = case.split(": ", 1)
+    if why == "unreachable store":
+        return name in WRAPPERS
+    return why in ("unknown run", "run id leaving the store") and name in ACCEPTS_NEW_RUN
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A private home, config and working directory; retries without waiting."""
+    for name in ("HOME", "XDG_CONFIG_HOME", "XDG_STATE_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.setenv(name, str(tmp_path / name.lower()))
+    monkeypatch.setenv("BURST_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("BURST_FREEZE", "0")
+    for name in ("BURST_STORE", "BURST_LOCAL", "BURST_RUN_ID", "BURST_FAULT"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(retry.RetryPolicy, "delay", lambda self, attempt, rng=None: 0.0)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty-store").mkdir()
+    (tmp_path / "blocked").write_text("a file, not a directory")
+    return tmp_path
+
+
+def test_every_command_fails_bad_input_in_one_line(isolated: Path) -> None:
+    runner = CliRunner()
+    table = all_cases()
+    assert len(table) > 60
+    problems = []
+    for n, (case, args) in enumerate(table):
+        fill = {"store": str(isolated / "stores" / str(n)), "blocked": str(isolated / "blocked")}
+        (isolated / "stores" / str(n)).mkdir(parents=True)
+        args = [a.format(**fill) if "{" in a else a for a in args]
+        result = runner.invoke(main, args, catch_exceptions=True)
+        output = result.output
+        errors = [line for line in output.splitlines() if line.startswith("Error")]
+        if result.exit_code == 0 and _allowed_success(case):
+            continue
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            problems.append(f"{case}: raised {result.exception!r}")
+        elif result.exit_code in (0, EXIT_INTERNAL):
+            problems.append(f"{case}: exit {result.exit_code}: {output[-300:]!r}")
+        elif "Traceback" in output or len(errors) != 1:
+            problems.append(f"{case}: not one error line: {output[-300:]!r}")
+    print(f"\n{len(table)} bad-input cases over {len(list(commands()))} commands")
+    assert not problems, "\n".join(problems)
+
+
+def test_an_internal_error_is_one_line_and_a_private_log(
+        isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from burst import catalog
+
+    def broken(*_: object) -> None:
+        raise ZeroDivisionError("the bug, near https://user:hunter2@example.com/x")
+
+    monkeypatch.setattr(catalog, "list_runs", broken)
+    monkeypatch.setattr("burst.cli.snapshots.list_runs", broken)
+    result = CliRunner().invoke(main, ["ls", "--store", str(isolated / "empty-store")])
+    assert result.exit_code == EXIT_INTERNAL
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("Error: internal error in burst")
+    assert "ZeroDivisionError" in lines[0] and "hunter2" not in lines[0]
+    log = Path(lines[0].split("the traceback is in ")[1].split(";")[0])
+    assert log.is_relative_to(isolated / "xdg_state_home" / "burst" / "logs")
+    text = log.read_text()
+    assert "Traceback" in text and "broken" in text and "hunter2" not in text
+    assert stat.S_IMODE(log.stat().st_mode) == 0o600
+    assert stat.S_IMODE(log.parent.stat().st_mode) == 0o700
+
+
+def test_an_unwritable_path_is_one_line_not_an_internal_error(isolated: Path) -> None:
+    if os.geteuid() == 0:
+        blocked = "/proc/burst-cannot-write-here"
+    else:
+        (isolated / "ro").mkdir(mode=0o500)
+        blocked = str(isolated / "ro" / "store")
+    result = CliRunner().invoke(main, ["gc", "run", "--store", blocked])
+    assert result.exit_code not in (0, EXIT_INTERNAL)
+    assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1

@@ -1,0 +1,114 @@
+"""``burst report`` for a run with a failure and a resume: the HTML parses, the charts are
+valid PNGs of the documented size, and the page tells the run's story; ``run.log``
+writes its metrics in batches, not one write per step."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import struct
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch.utils.data import DataLoader, TensorDataset
+
+import burst
+from burst import events
+from burst.cli import main
+from burst.report.charts import HEIGHT, WIDTH
+from burst.store import LocalStore
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def train(store: Path, steps_before_oom: int | None) -> None:
+    """Train in-process; with ``steps_before_oom``, a CUDA OOM hits the next step."""
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = burst.Run("story", store=store, global_batch=8, micro_batch=4, persist_every=2)
+    run.attach(model, optimizer)
+    loader = DataLoader(data, batch_size=run.micro_batch, sampler=burst.ResumableSampler(data))
+    expected = pytest.raises(SystemExit) if steps_before_oom else contextlib.nullcontext()
+    with expected, run:  # the run's guard turns the OOM into a snapshot and SystemExit(86)
+        for _ in run.epochs(2):
+            for step in run.steps(loader):
+                if step.index == (steps_before_oom or 0) + 1:
+                    raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
+                for x, y in step:
+                    loss = torch.nn.functional.mse_loss(model(x), y)
+                    (loss * step.weight(len(x))).backward()
+                optimizer.step()
+                optimizer.zero_grad()
+                run.log(loss=loss)
+
+
+class Tags(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.images: list[str] = []
+        self.text: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        if tag == "img":
+            self.images.append(dict(attrs)["src"])
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    data = path.read_bytes()
+    assert data[:8] == PNG_SIGNATURE and data[12:16] == b"IHDR", f"{path} is not a PNG"
+    return struct.unpack(">II", data[16:24])
+
+
+@pytest.fixture
+def story(tmp_path) -> Path:
+    store = tmp_path / "store"
+    train(store, steps_before_oom=5)
+    train(store, steps_before_oom=None)  # resumes after the OOM and finishes
+    gib = 1024**3
+    for used in (10, 20, 21):  # what the agent's NVML watch records on a GPU box
+        events.append(LocalStore(store), "story", "gpu-sample", source="agent",
+                      gpus=[{"index": 0, "memory_used": used * gib, "memory_total": 24 * gib}])
+    events.append(LocalStore(store), "story", "memory-alert", threshold=0.8, gpu=0)
+    return store
+
+
+def test_report_renders_a_run_with_a_failure_and_a_resume(story, tmp_path):
+    out = tmp_path / "report"
+    result = CliRunner().invoke(main, ["report", "story", "--store", str(story), "--out",
+                                       str(out), "--json"])
+    assert result.exit_code == 0, result.output
+    written = json.loads(result.output)
+    summary = written["summary"]
+    assert summary["failures"] == 1 and summary["resumes"] == 1
+    assert summary["final step"] == 16 and summary["memory alerts"] == 1
+    page = Tags()
+    page.feed((out / "index.html").read_text())
+    page.close()
+    assert sorted(page.images) == ["loss.png", "memory.png", "throughput.png"]
+    for name in page.images:
+        assert png_size(out / name) == (WIDTH, HEIGHT)
+    text = " ".join(page.text)
+    assert "oom in step 6" in text and "resumed at step 5" in text
+    assert "Where the run went" in text
+
+
+def test_run_log_batches_metric_points_into_few_events(story):
+    history = events.read(LocalStore(story), "story")
+    batches = [e for e in history if e["event"] == "metrics"]
+    points = [p for e in batches for p in e["points"]]
+    assert len(batches) < len(points) / 1.5  # several points per write
+    assert {p["step"] for p in points} == set(range(1, 17))
+    assert all(isinstance(p["loss"], float) for p in points)
+
+
+def test_report_help_has_an_example():
+    result = CliRunner().invoke(main, ["report", "--help"])
+    assert result.exit_code == 0 and "Example:" in result.output

@@ -1,0 +1,202 @@
+"""``burst resume --dry-run`` over cards, region profiles and spot settings, offline.
+
+The store is a real S3 server on loopback (moto) holding a synthetic snapshot with
+recorded memory peaks and a real lockfile. Each rendered task is parsed back with
+SkyPilot's own parser, and its ``resources.ordered`` must be the planner's fitting
+candidates in order; no credential value may appear anywhere in the output.
+"""
+
+from __future__ import annotations
+
+import pytest
+import sky
+import yaml
+from click.testing import CliRunner
+
+from burst import gpus, lockfile
+from burst import plan as planner
+from burst.cli import main
+from burst.config import load as load_config
+from burst.replan import replan
+from burst.resume import PER_TIER
+from burst.store import open_store
+from tests.plan_helpers import GIB, manifest, put_manifest
+
+CANARY = {"AWS_ACCESS_KEY_ID": "AKIACANARY0000000001",
+          "AWS_SECRET_ACCESS_KEY": "canary-secret-value-do-not-leak-1",
+          "AWS_SESSION_TOKEN": "canary-session-token-do-not-leak-2",
+          "HF_TOKEN": "hf_canary_token_do_not_leak_3"}
+CONFIG = """
+[regions.beijing]
+kubernetes_spot = ["bj-karpenter"]
+kubernetes = ["bj-a100"]
+ssh = ["bj-lab"]
+"""
+
+
+@pytest.fixture(scope="module")
+def lock() -> lockfile.Lockfile:
+    return lockfile.build()
+
+
+@pytest.fixture
+def s3_run(moto_s3, monkeypatch, tmp_path, lock):
+    """A run whose snapshot (L4, bf16, peaks at micro 8 and 16) and lockfile are in S3."""
+    def refuse(*_args, **_kwargs):
+        raise AssertionError("the dry run asked SkyPilot's catalog")
+    monkeypatch.setattr(gpus, "skypilot_offerings", refuse)
+    for name, value in CANARY.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("BURST_CONFIG", str(tmp_path / "none.toml"))
+    monkeypatch.setenv("BURST_ENDPOINT_URL", moto_s3.endpoint)
+    monkeypatch.setenv("BURST_ADDRESSING_STYLE", "path")
+    monkeypatch.setenv("AWS_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", "/dev/null")
+    url = moto_s3.url()
+    store = open_store(url)
+    put_manifest(store, manifest("run", peaks={8: 3 * GIB, 16: 5 * GIB}, global_batch=64,
+                                 micro=8, card="NVIDIA L4", amp="bf16", reason="oom"))
+    lockfile.save(store, "run", lock)
+    config = tmp_path / "config.toml"
+    config.write_text(CONFIG)
+    return url, config
+
+
+def dry_run(*args: str):
+    return CliRunner().invoke(main, ["resume", "run", "--dry-run", "--offline",
+                                     "--to", "skypilot", *args])
+
+
+def rendered_yaml(output: str) -> str:
+    start = output.index("# burst resume run:")
+    end = output.index("\ncommands")
+    return output[start:end]
+
+
+MATRIX = [
+    (["A100"], "any", None),
+    (["L4", "A100-80GB", "H100"], "any", None),
+    (["A100-80GB"], "beijing", None),
+    (["A100", "L40S"], "beijing", False),
+    (["H100"], "us", True),
+    (["A10G", "L40S"], "europe", None),
+    ([], "beijing", None),
+]
+
+
+@pytest.mark.parametrize(("cards", "region", "spot"), MATRIX)
+def test_dry_run_renders_the_planners_ordered_candidates(s3_run, cards, region, spot):
+    url, config = s3_run
+    flags = ["--store", url, "--region", region, "--config", str(config)]
+    flags += [f"--gpu={','.join(cards)}"] if cards else []
+    flags += [] if spot is None else ["--spot" if spot else "--no-spot"]
+    result = dry_run(*flags, "--secret", "HF_TOKEN", "--", "python", "train.py")
+    assert result.exit_code == 0, result.output
+    for value in CANARY.values():
+        assert value not in result.output
+    text = rendered_yaml(result.output)
+    task = sky.Task.from_yaml_str(text)
+    policy = "first" if spot is None else ("only" if spot else "never")
+    fits = [p for p in replan(open_store(url), "run", cards=cards, region=region,
+                              options=planner.Options(spot=policy),
+                              config=load_config(config)).plans if p.fits]
+    expected = ([p for p in fits if p.target.spot][:PER_TIER]
+                + [p for p in fits if not p.target.spot][:PER_TIER])
+    assert len(task.resources) == len(expected) > 0
+    for got, plan in zip(task.resources, expected, strict=True):
+        assert got.accelerators == {plan.target.card.name: plan.target.count}
+        assert got.use_spot == plan.target.spot
+        want = sky.Resources(infra=plan.target.place.infra) if plan.target.place.infra else None
+        assert got.infra == (want.infra if want else got.infra)
+        if not plan.target.place.infra:
+            assert got.cloud is None
+    spots = [r.use_spot for r in task.resources]
+    assert spots == sorted(spots, reverse=True), "spot entries must all come first"
+    if spot is True:
+        assert all(spots)
+    if spot is False:
+        assert not any(spots)
+    config_yaml = yaml.safe_load(text)
+    assert config_yaml["secrets"] == {"AWS_ACCESS_KEY_ID": None, "AWS_SECRET_ACCESS_KEY": None,
+                                      "AWS_SESSION_TOKEN": None, "HF_TOKEN": None}
+    recovery = config_yaml["resources"]["job_recovery"]
+    assert recovery["strategy"] == "EAGER_NEXT_REGION"
+    assert recovery["recover_on_exit_codes"] == [86, 87]
+    assert config_yaml["envs"]["BURST_RUN_ID"] == "run"
+    assert config_yaml["envs"]["BURST_STORE"] == url
+    assert "sky jobs launch" in result.output
+
+
+def test_beijing_puts_own_clusters_first_and_kubernetes_spot_only_where_labelled(s3_run):
+    url, config = s3_run
+    result = dry_run("--store", url, "--region", "beijing", "--config", str(config),
+                     "--gpu", "A100-80GB", "--", "python", "train.py")
+    assert result.exit_code == 0, result.output
+    ordered = yaml.safe_load(rendered_yaml(result.output))["resources"]["ordered"]
+    places = [(e.get("infra"), e["use_spot"]) for e in ordered]
+    assert places[0] == ("k8s/bj-karpenter", True)
+    assert ("k8s/bj-a100", True) not in places and ("ssh/bj-lab", True) not in places
+    on_demand = [p for p, spot in places if not spot]
+    assert on_demand[:3] == ["k8s/bj-karpenter", "k8s/bj-a100", "ssh/bj-lab"]
+
+
+def test_multi_node_task_runs_torchrun_from_skypilot_variables(s3_run):
+    url, _ = s3_run
+    result = dry_run("--store", url, "--gpu", "A100", "--count", "2", "--nodes", "2",
+                     "--", "python", "train.py", "--lr", "0.1")
+    assert result.exit_code == 0, result.output
+    text = rendered_yaml(result.output)
+    task = sky.Task.from_yaml_str(text)
+    assert task.num_nodes == 2
+    assert all(r.accelerators == {"A100": 2} for r in task.resources)
+    for name in ("SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS",
+                 "SKYPILOT_NUM_GPUS_PER_NODE"):
+        assert name in task.run
+    assert "torch.distributed.run" in task.run and "train.py --lr 0.1" in task.run
+
+
+def test_forced_micro_batch_and_cluster_mode(s3_run):
+    url, _ = s3_run
+    result = dry_run("--store", url, "--gpu", "A100", "--micro-batch", "4", "--mode", "cluster",
+                     "--cluster", "mine", "--", "python", "train.py")
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(rendered_yaml(result.output))
+    assert config["envs"]["BURST_PLAN_MICRO_BATCH"] == "4"
+    assert "job_recovery" not in config["resources"]
+    assert "sky launch -c mine" in result.output and "sky down mine" in result.output
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--to", "mars"], "--to 'mars'"),
+    (["--to", "ssh://host/some/path"], "bad SSH target"),
+    (["--gpu", "A1OO"], "unknown GPU"),
+    (["--micro-batch", "5"], "does not split global batch"),
+    (["--region", "atlantis"], "unknown region profile"),
+    (["--secret", "NOT_SET_ANYWHERE"], "is not set here"),
+])
+def test_bad_input_is_one_line_without_traceback(s3_run, monkeypatch, args, message):
+    url, _ = s3_run
+    monkeypatch.delenv("NOT_SET_ANYWHERE", raising=False)
+    result = CliRunner().invoke(main, ["resume", "run", "--dry-run", "--offline", "--store", url,
+                                       *args, "--", "python", "train.py"])
+    assert result.exit_code != 0
+    assert message in result.output, result.output
+    assert "Traceback" not in result.output
+    assert result.output.strip().count("\n") == 0 or result.output.startswith("Usage")
+
+
+def test_missing_run_and_local_store_are_one_line_errors(s3_run, tmp_path):
+    url, _ = s3_run
+    missing = CliRunner().invoke(main, ["resume", "nope", "--dry-run", "--offline", "--store",
+                                        url, "--", "python", "t.py"])
+    assert missing.exit_code != 0 and "no complete snapshot" in missing.output
+    local = CliRunner().invoke(main, ["resume", "run", "--dry-run", "--offline", "--store",
+                                      str(tmp_path / "st"), "--", "python", "t.py"])
+    assert local.exit_code != 0 and "cannot read it" in local.output
+    assert "Traceback" not in missing.output + local.output
+
+
+def test_no_command_anywhere_is_an_error(s3_run):
+    url, _ = s3_run
+    result = dry_run("--store", url)
+    assert result.exit_code != 0 and "names no training command" in result.output
