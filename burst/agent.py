@@ -125,7 +125,9 @@ class Agent:
                     retries += 1
                     continue
                 outcome.decision = decision
-                outcome.message = self._hand_over(decision, attempt)
+                outcome.message, handed_code = self._hand_over(decision, attempt)
+                if handed_code is not None:  # the run lives on elsewhere: its exit is ours
+                    outcome.returncode = handed_code
                 return outcome
         finally:
             if self.watch is not None:
@@ -178,16 +180,17 @@ class Agent:
         manifest = snapshot.read_manifest(self.store, self.run_id)
         return manifest.get("batch") if manifest else None
 
-    def _hand_over(self, decision: str, attempt: Attempt) -> str:
+    def _hand_over(self, decision: str, attempt: Attempt) -> tuple[str, int | None]:
+        """What to tell the user, and the exit code of the resumed run if it was launched."""
         resume = f"burst resume {shlex.quote(self.run_id)} --store {shlex.quote(self.store_url)}"
         if decision == "burst":
             if self.launcher is None:
                 return (f"{attempt.kind}: policy 'burst' but no launcher is configured; "
-                        f"to continue elsewhere run: {resume}")
+                        f"to continue elsewhere run: {resume}"), None
             self.say(f"{attempt.kind}: bursting: {resume}")
             code = self.launcher(self.run_id)
-            return f"handed to burst resume (exit {code})"
-        return f"{attempt.kind}: stopped for a person; to continue run: {resume}"
+            return f"handed to burst resume (exit {code})", code
+        return f"{attempt.kind}: stopped for a person; to continue run: {resume}", None
 
     def _record(self, name: str, /, **fields: object) -> None:
         try:

@@ -89,7 +89,7 @@ def default_spec() -> str:
     """What the node pip-installs to get burst: this version, from the package index."""
     from burst import __version__
 
-    return os.environ.get("BURST_SPEC") or f"burst-failover[cloud]=={__version__}"
+    return os.environ.get("BURST_SPEC") or f"burst-failover=={__version__}"
 
 
 def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:

@@ -50,7 +50,7 @@ def check(state: Any) -> None:
         kind, keys, pos, has_gauss, gauss = state["numpy"]
         np.random.RandomState().set_state((kind, np.asarray(keys, dtype=np.uint32), pos,
                                            has_gauss, gauss))
-        torch.Generator().set_state(state["torch"])
+        torch.Generator().set_state(state["torch"].clone())  # a view into a blob: copy
         cuda = state.get("cuda") or []
         if not isinstance(cuda, list) or not all(isinstance(s, torch.Tensor) for s in cuda):
             raise TypeError("cuda states are not tensors")

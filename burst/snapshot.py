@@ -295,7 +295,11 @@ def read_blob(store: Store, run_id: str, digest: str, size: int) -> torch.Tensor
         raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is missing from the store")
     if actual != size:
         raise SnapshotError(f"blob {digest[:12]} is {actual} bytes, the manifest says {size}")
-    data = torch.empty(size, dtype=torch.uint8)
+    try:
+        data = torch.empty(size, dtype=torch.uint8)
+    except (RuntimeError, MemoryError):  # a hostile manifest, or simply too big for here
+        raise SnapshotError(f"blob {digest[:12]} needs {size} bytes of memory, more than this "
+                            "machine can allocate") from None
     view = memoryview(data.numpy()).cast("B") if size else memoryview(bytearray())
     if store.read_into(key, view) != size:
         raise SnapshotError(f"blob {digest[:12]} changed size while being read")

@@ -121,9 +121,10 @@ class RenderedTask:
 
 
 def template_dir() -> Path:
-    """``$BURST_TEMPLATES``, else the repository's ``templates/``."""
+    """``$BURST_TEMPLATES``, else the templates shipped in the package (``templates/`` at
+    the top of the repository is a link to them)."""
     explicit = os.environ.get(TEMPLATES_ENV)
-    path = Path(explicit) if explicit else Path(__file__).resolve().parents[2] / "templates"
+    path = Path(explicit) if explicit else Path(__file__).resolve().parents[1] / "templates"
     if not (path / SINGLE).is_file():
         raise ConfigError(f"the SkyPilot task templates are not in {path}: set "
                           f"${TEMPLATES_ENV} to the directory holding {SINGLE}")
