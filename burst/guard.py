@@ -81,9 +81,9 @@ class Guard:
         os._exit(failure.EXIT_STOPPED)
 
     def stop_at_boundary(self) -> NoReturn:
-        """Called by the run at a step boundary after a signal: snapshot, flush, exit."""
+        """Called by the run at a step boundary after a signal, once the snapshot of that
+        boundary is queued: record, flush, exit."""
         reason = self.stop_requested or "signal"
-        self.run._capture("signal", persist=True)
         self.run._event("failure", kind="signal", signal=reason, step=self.run.step,
                         action="snapshot at step boundary")
         self._flush(self.grace_seconds)  # the snapshot and the event above
@@ -126,8 +126,7 @@ class Guard:
             saved = run._persist_shadow("oom")
         else:
             source = "live state at the last step boundary"
-            run._capture_boundary("oom")
-            saved = run.step
+            saved = run._capture_boundary("oom")
         run._event("failure", kind="oom", step=run.step + 1, in_optimizer_step=in_optimizer,
                    snapshot_step=saved, error=summary, **run._layout())
         self._flush(None)

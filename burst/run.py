@@ -57,6 +57,7 @@ ENV_AMP = "BURST_AMP"
 ENV_ACCUMULATION = "BURST_ACCUMULATION"  # the rest of a plan: checked, not trusted blindly
 ENV_WORLD_SIZE = "BURST_WORLD_SIZE"
 ENV_TF32 = "BURST_TF32"
+STOP_REASON = "signal"  # the snapshot reason that also stops the run (SIGTERM/SIGINT)
 
 
 class Step:
@@ -112,7 +113,8 @@ class Run:
         self._group = Group.for_run(world_size)
         self.rank, self.world_size = self._group.rank, self._group.world_size
         self.store = open_store(store)
-        self.local, self._uploads = _local_tier(self.store, self.run_id, local)
+        self.local, self._uploads = _local_tier(self.store, self.run_id, local,
+                                                uploads=self.rank == 0)
         self.seed = seed
         self.global_batch = _positive(global_batch, "global_batch")
         self.micro_batch = _positive(_env_int(ENV_MICRO_BATCH) or micro_batch or global_batch,
@@ -277,11 +279,13 @@ class Run:
         self.samples_in_epoch += samples
         self._record_memory()
         reason, self._requested = self._requested, None
+        if self._guard.stop_requested:
+            reason = STOP_REASON
         persist = reason is not None or self._persist_due()
         persist, reason = self._group.agree(persist, reason)  # every rank decides the same
         if persist or self.step % self.shadow_every == 0:
             self._capture(reason or "periodic", persist=persist)
-        if self._guard.stop_requested:
+        if reason == STOP_REASON:  # a signal reached at least one rank: all stop here
             self._guard.stop_at_boundary()
 
     def _mark_boundary(self) -> None:
@@ -361,11 +365,16 @@ class Run:
             self._last_persist = time.monotonic()
         return captured
 
-    def _capture_boundary(self, reason: str) -> None:
-        """Snapshot the live state as it was at the last step boundary (after an OOM)."""
+    def _capture_boundary(self, reason: str) -> int | None:
+        """Snapshot the live state as it was at the last step boundary (after an OOM);
+        return its step. On several ranks the other ranks may be stuck in a collective, so
+        no collective capture is possible: rank 0 keeps its RAM shadow instead."""
+        if self.world_size > 1:
+            return self._persist_shadow(reason)
         tree, live = state_mod.capture(self.components, self.extra, rng_state=self._boundary_rng,
                                        model_buffers=self._boundary_buffers)
         self._tiers.capture(self.step, tree, live, self._meta(reason), persist=True)
+        return self.step
 
     def _persist_shadow(self, reason: str) -> int | None:
         """Queue the newest RAM copy under ``reason`` without touching the device."""
@@ -383,7 +392,7 @@ class Run:
 
     def _newest_manifest(self) -> dict | None:
         """The newest snapshot, pulled into the local tier first when the remote is newer."""
-        if self._uploads is not None:
+        if self.local is not self.store:
             local_steps = snapshot.list_steps(self.local, self.run_id)
             remote_steps = snapshot.list_steps(self.store, self.run_id)
             if remote_steps and (not local_steps or remote_steps[-1] > local_steps[-1]):
@@ -468,18 +477,21 @@ def _run_id(run_id: str | None) -> str:
     return run_id
 
 
-def _local_tier(store: Store, run_id: str, local: str | os.PathLike[str] | None
-                ) -> tuple[Store, UploadQueue | None]:
+def _local_tier(store: Store, run_id: str, local: str | os.PathLike[str] | None,
+                uploads: bool = True) -> tuple[Store, UploadQueue | None]:
     """A remote store gets a local tier in front: snapshots commit to disk first (fast,
-    crash-safe) and upload in the background, so the loop never waits on the network."""
+    crash-safe) and upload in the background, so the loop never waits on the network.
+    Only the writing rank uploads; the others read through the tier."""
     if is_local(store):
         return store, None
     tier = open_store(local or default_local_url())
     if not is_local(tier):
         raise ConfigError(f"local= must be a directory on this machine, got {tier.url}")
-    uploads = UploadQueue(tier, store, run_id)
-    uploads.catch_up()  # a snapshot a crash left un-uploaded goes up now
-    return tier, uploads
+    if not uploads:
+        return tier, None
+    queue = UploadQueue(tier, store, run_id)
+    queue.catch_up()  # a snapshot a crash left un-uploaded goes up now
+    return tier, queue
 
 
 def _positive(value: int, name: str) -> int:

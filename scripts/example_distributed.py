@@ -107,10 +107,12 @@ def main() -> None:
                                           "samples": step.samples, "world": run.world_size,
                                           "loss": total.hex(), "draw": draw.hex()}) + "\n")
                 records.flush()
-    run.close()
+    run.close()  # returns on every rank once rank 0 has stored the final snapshot
     if dist.is_initialized():
-        dist.barrier()  # no rank tears down while another still talks to it
-        dist.destroy_process_group()
+        # torch 2.13's gloo process group can deadlock in its destructor at interpreter
+        # teardown (it joins its worker thread while holding the GIL that thread needs
+        # to free a finished collective's tensors); everything is stored and flushed.
+        os._exit(0)
 
 
 if __name__ == "__main__":
