@@ -39,6 +39,36 @@ def append(store: Store, run_id: str, event_name: str, /, **fields: Any) -> dict
     return event
 
 
+def merge(src: Store, dst: Store, run_id: str) -> bool:
+    """Make ``dst``'s history hold every event of both stores; True if it changed.
+
+    Several machines write a run's history (the laptop, the agent, a cloud node after a
+    resume), each into its own local copy, so copying one file over another would lose
+    the other side's events. Lines are merged as a set, ordered by their time.
+    """
+    ours, theirs = _lines(src, run_id), _lines(dst, run_id)
+    if not ours or ours <= theirs:
+        return False
+    merged = sorted(ours | theirs, key=_time_of)
+    dst.put(key(run_id), "".join(line + "\n" for line in merged).encode())
+    return True
+
+
+def _lines(store: Store, run_id: str) -> set[str]:
+    try:
+        data = store.get(key(run_id)).decode(errors="replace")
+    except KeyError:
+        return set()
+    return {line for line in data.splitlines() if line.strip()}
+
+
+def _time_of(line: str) -> str:
+    try:
+        return str(json.loads(line).get("time", ""))
+    except (ValueError, AttributeError):
+        return ""
+
+
 def read(store: Store, run_id: str) -> list[dict]:
     """Every event of the run, oldest first; lines that do not parse are skipped."""
     try:

@@ -66,6 +66,7 @@ class Request:
     config: Mapping[str, Any] = field(default_factory=dict)
     skypilot_catalog: bool = False
     remote_node: bool = True  # False only for the local stub: it can read a local store
+    dry_run: bool = False  # show everything, change nothing (no push, no launch)
 
 
 @dataclass
@@ -95,15 +96,18 @@ def default_spec() -> str:
 def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
     """Steps 1 to 5: everything but the launch; raises on anything a launch would trip on."""
     store = open_store(request.store_url)
+    warnings: list[str] = []
     if request.remote_node and is_local(store):
-        raise ConfigError(f"the store {store.url} is on this machine, where a cloud or SSH "
-                          "node cannot read it: push the run to s3://, oss://, gs:// or "
-                          "sftp:// (burst push) and resume from there")
-    pushed = push_newer_local(store, request, say)
+        unreachable = (f"the store {store.url} is on this machine, where a cloud or SSH node "
+                       "cannot read it: push the run to s3://, oss://, gs:// or sftp:// "
+                       "(burst push) and resume from there")
+        if not request.dry_run:
+            raise ConfigError(unreachable)
+        warnings.append(unreachable)
+    pushed = None if request.dry_run else push_newer_local(store, request, say)
     manifest = snapshot.read_manifest(store, request.run_id)
     if manifest is None:
         raise SnapshotError(f"run {request.run_id!r} has no complete snapshot in {store.url}")
-    warnings: list[str] = []
     environment = environment_record(store, request, warnings)
     command = list(request.command) or recorded_command(store, request)
     plans = replan(store, request.run_id, cards=request.cards, region=request.region,

@@ -128,8 +128,12 @@ def pending_uploads(store: Store, run_id: str, remote_steps: list[int],
 
 
 def last_failure(history: list[dict]) -> dict[str, Any] | None:
-    for event in reversed(history):
-        name = event.get("event")
+    for index in range(len(history) - 1, -1, -1):
+        event, name = history[index], history[index].get("event")
+        if name == "child-exit" and event.get("kind") not in (None, "ok"):
+            # the agent saw the exit; the process itself said more just before, if it could
+            event = _own_report(history[:index], event.get("kind")) or event
+            name = event.get("event")
         if name in FAILURE_EVENTS or (name == "child-exit" and event.get("kind") not in
                                       (None, "ok")):
             kind = event.get("kind") or name
@@ -137,6 +141,16 @@ def last_failure(history: list[dict]) -> dict[str, Any] | None:
                       or event.get("candidate") or event.get("where"))
             return {"kind": kind, "step": event.get("step"), "reason": reason,
                     "time": event.get("time")}
+    return None
+
+
+def _own_report(earlier: list[dict], kind: str) -> dict | None:
+    """The training process's own ``failure`` event for the attempt that just exited."""
+    for event in reversed(earlier):
+        if event.get("event") == "child-start":
+            return None
+        if event.get("event") == "failure" and event.get("kind") == kind:
+            return event
     return None
 
 

@@ -27,8 +27,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from burst import events, killpoints
 from burst import format as fmt
-from burst import killpoints
 from burst.errors import SnapshotError
 from burst.retry import DEFAULT_RETRY, RetryPolicy, retry
 from burst.snapshot import check_manifest_size, list_steps
@@ -37,8 +37,8 @@ from burst.store import LocalStore, Store
 Progress = Callable[[int, int], None]  # (bytes just done, bytes in this snapshot)
 Log = Callable[[str], None]
 BLOB_WORKERS = 4
-# run files besides snapshots: lockfile, code archive, and the run's history
-EXTRA_DIRS = ("env/", "code/", "events.jsonl")
+# run files besides snapshots (the lockfile, the code archive) copied whole
+EXTRA_DIRS = ("env/", "code/")  # the history (events.jsonl) is merged, not copied
 
 
 def pending_key(run_id: str, step: int) -> str:
@@ -198,7 +198,7 @@ def copy_extras(src: Store, dst: Store, run_id: str,
                 policy: RetryPolicy = DEFAULT_RETRY) -> int:
     """Copy the run's other files (lockfile, code archive, events) that ``dst`` lacks or
     holds in another version (the side that is copying from has the newer one)."""
-    copied = 0
+    copied = int(retry(lambda: events.merge(src, dst, run_id), policy))
     for directory in EXTRA_DIRS:
         for key in retry(lambda d=directory: src.list(f"{run_id}/{d}"), policy):
             size = src.size(key)

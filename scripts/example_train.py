@@ -35,8 +35,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--run-id", default=None, help="default: $BURST_RUN_ID")
     p.add_argument("--store", default=None, help="default: $BURST_STORE or ./.burst")
-    p.add_argument("--records", required=True)
-    p.add_argument("--final", required=True)
+    p.add_argument("--records", default=os.devnull, help="per-step JSONL (tests compare it)")
+    p.add_argument("--final", default=None, help="torch.save the final state here")
     p.add_argument("--samples", type=int, default=100)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--global-batch", type=int, default=16)
@@ -96,16 +96,18 @@ def main() -> None:
                     optimizer.step()
                 optimizer.zero_grad()
                 scheduler.step()
+                run.log(loss=total)  # for burst report
                 if args.flush:
                     run.flush()
                 records.write(json.dumps({"step": step.index, "epoch": epoch,
                                           "loss": total.hex(), "indices": indices}) + "\n")
                 records.flush()
     run.close()
-    torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scheduler": scheduler.state_dict(),
-                "scaler": scaler.state_dict() if scaler else None,
-                "rng": torch.get_rng_state()}, args.final)
+    if args.final:
+        torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(),
+                    "scaler": scaler.state_dict() if scaler else None,
+                    "rng": torch.get_rng_state()}, args.final)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -32,3 +33,25 @@ def test_the_readme_training_loop_runs_and_resumes(tmp_path):
                             text=True, timeout=120, check=False)
     assert second.returncode == 0, second.stderr
     assert "step 24 epoch 3" in second.stdout  # restored at the end, nothing left to train
+
+
+def walkthrough() -> str:
+    section = README.read_text().split("## Five minutes on a laptop", 1)[1]
+    return re.search(r"```bash\n(.*?)```", section, flags=re.S).group(1)
+
+
+@pytest.mark.e2e
+def test_the_readme_walkthrough_runs_as_written(tmp_path):
+    script = tmp_path / "walkthrough.sh"
+    script.write_text("set -euo pipefail\n" + walkthrough())
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BURST_")}
+    env["TMPDIR"] = str(tmp_path)  # mktemp -d lands here, and goes with the test
+    done = subprocess.run(["bash", str(script)], cwd=README.parent, capture_output=True,
+                          text=True, timeout=480, env=env, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    out = done.stdout + done.stderr
+    assert re.search(r"resumed at step [67] ", out)  # the newest persisted snapshot
+    assert "fault oom@8: resumed from step 7, 0 step(s) of work lost" in out
+    assert "validated with sky.Task.from_yaml_str" in out
+    assert "run moved finished" in out
+    assert "index.html" in out

@@ -47,7 +47,8 @@ def make_launcher(to: str, options: dict) -> Launcher:
     raise ConfigError(f"--to {to!r}: use skypilot, local or ssh://[user@]host[:port]")
 
 
-def _request(run_id: str, options: dict, command: tuple[str, ...]) -> resume.Request:
+def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool = False
+             ) -> resume.Request:
     spot = options["spot"]
     policy = "first" if spot is None else ("only" if spot else "never")
     software = NodeSoftware(options["node_python"], options["burst_spec"] or resume.default_spec())
@@ -60,7 +61,7 @@ def _request(run_id: str, options: dict, command: tuple[str, ...]) -> resume.Req
         secrets=_csv(options["secrets"]), managed=options["mode"] != "cluster",
         max_restarts=options["max_restarts"], config=user_config.load(options["config_path"]),
         skypilot_catalog=not options["offline"] and not os.environ.get(OFFLINE_ENV),
-        remote_node=options["to"] != "local",
+        remote_node=options["to"] != "local", dry_run=dry_run,
     )
 
 
@@ -120,7 +121,7 @@ def resume_command(run_id: str | None, command: tuple[str, ...], dry_run: bool,
         raise click.UsageError("give a RUN_ID (or set $BURST_RUN_ID)")
     console = Console(stderr=True)
     launcher = make_launcher(str(options["to"]), options)
-    request = _request(run_id, options, command)
+    request = _request(run_id, options, command, dry_run)
     prepared = resume.prepare(request, say=lambda m: console.print(f"burst: {escape(m)}"))
     show(prepared, launcher, console)
     if dry_run:

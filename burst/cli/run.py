@@ -102,9 +102,15 @@ def drill(fault: str, as_json: bool, **options: object) -> None:
     if as_json:
         click.echo(json.dumps(report, indent=1))
     else:
-        click.echo(f"fault {fault}: resumed from step {report['resumed_from_step']}, "
-                   f"{report['steps_lost']} step(s) of work lost; outcome: {report['outcome']}")
+        click.echo(_drill_summary(fault, report))
     _finish(outcome)
+
+
+def _drill_summary(fault: str, report: dict) -> str:
+    if report["resumed_from_step"] is None:
+        return f"fault {fault}: not resumed here; outcome: {report['outcome']}"
+    return (f"fault {fault}: resumed from step {report['resumed_from_step']}, "
+            f"{report['steps_lost']} step(s) of work lost; outcome: {report['outcome']}")
 
 
 def drill_report(store, run_id: str, fault_step: int, kind: str, outcome: Outcome) -> dict:
