@@ -162,7 +162,7 @@ def plan_here(store: Store, run_id: str, card: Card, environ: Mapping[str, str] 
 
         if load(user_config.load()).for_device(card.name) is not None:
             return _planned(store, run_id, card, nodes, options, forced)
-    return _kept(manifest, card, forced)
+    return _kept(manifest, card, forced, nodes, _gpus_per_node(environ))
 
 
 def _planned(store: Store, run_id: str, card: Card, nodes: int, options: planner.Options,
@@ -191,9 +191,22 @@ def _with_micro(plan: planner.Plan, micro: int) -> planner.Plan:
                    probe=False, probe_micro_batches=(micro,))
 
 
-def _kept(manifest: Mapping, card: Card, forced: int | None) -> NodePlan:
+def _gpus_per_node(environ: Mapping[str, str]) -> int:
+    """The processes the task starts on each node: one per GPU SkyPilot gave it (torchrun,
+    ``task-multinode.yaml.j2``), one where no launcher says (``task.yaml.j2``, SSH)."""
+    raw = environ.get("SKYPILOT_NUM_GPUS_PER_NODE") or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"$SKYPILOT_NUM_GPUS_PER_NODE must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def _kept(manifest: Mapping, card: Card, forced: int | None, nodes: int = 1,
+          per_node: int = 1) -> NodePlan:
+    """The snapshot's micro-batch and precision, over the processes this task starts
+    (``nodes * per_node``, which may differ from the snapshot's world size)."""
     batch = manifest.get("batch") or {}
-    global_batch, world = int(batch["global"]), int(batch.get("world_size") or 1)
+    global_batch, saved = int(batch["global"]), int(batch.get("world_size") or 1)
+    world = nodes * per_node
     micro = forced or int(batch.get("micro") or global_batch)
     if global_batch % (micro * world):
         raise ConfigError(f"micro-batch {micro} does not split global batch {global_batch} "
@@ -202,10 +215,13 @@ def _kept(manifest: Mapping, card: Card, forced: int | None) -> NodePlan:
     what = card.name or "cpu"
     notes = (f"{what}: not in the card catalog, layout and precision kept",) if card.name \
         else ("no GPU: layout and precision kept",)
+    if world != saved:
+        notes += (f"world size {saved} -> {world} ({nodes} node(s) x {per_node} process(es))",)
+    accumulation = global_batch // (micro * world)
     env = {planner.ENV_MICRO_BATCH: str(micro), planner.ENV_AMP: amp or "none",
-           planner.ENV_ACCUMULATION: str(global_batch // (micro * world))}
-    summary = {"card": what, "count": card.count, "nodes": 1, "micro_batch": micro,
-               "accumulation": global_batch // (micro * world), "amp": amp, "probe": False}
+           planner.ENV_ACCUMULATION: str(accumulation), planner.ENV_WORLD_SIZE: str(world)}
+    summary = {"card": what, "count": card.count, "nodes": nodes, "world_size": world,
+               "micro_batch": micro, "accumulation": accumulation, "amp": amp, "probe": False}
     return NodePlan(env, summary, notes)
 
 

@@ -190,10 +190,22 @@ def test_missing_run_and_local_store_are_one_line_errors(s3_run, tmp_path):
     missing = CliRunner().invoke(main, ["resume", "nope", "--dry-run", "--offline", "--store",
                                         url, "--", "python", "t.py"])
     assert missing.exit_code != 0 and "no complete snapshot" in missing.output
-    local = CliRunner().invoke(main, ["resume", "run", "--dry-run", "--offline", "--store",
+    local = CliRunner().invoke(main, ["resume", "run", "--offline", "--store",
                                       str(tmp_path / "st"), "--", "python", "t.py"])
     assert local.exit_code != 0 and "cannot read it" in local.output
     assert "Traceback" not in missing.output + local.output
+
+
+def test_a_dry_run_from_a_local_store_warns_that_a_node_could_not_read_it(s3_run, tmp_path,
+                                                                        lock):
+    local = open_store(str(tmp_path / "st"))
+    put_manifest(local, manifest("run", peaks={8: 3 * GIB}, global_batch=64, micro=8,
+                                 card="NVIDIA L4", amp="bf16", reason="oom"))
+    lockfile.save(local, "run", lock)
+    shown = CliRunner().invoke(main, ["resume", "run", "--dry-run", "--offline", "--store",
+                                      str(tmp_path / "st"), "--", "python", "t.py"])
+    assert shown.exit_code == 0, shown.output
+    assert "cannot read it" in shown.output and "nothing launched" in shown.output
 
 
 def test_no_command_anywhere_is_an_error(s3_run):

@@ -160,7 +160,9 @@ def render(spec: TaskSpec) -> RenderedTask:
         raise ConfigError("nothing to launch: no candidate fits the run")
     if not spec.entry_point:
         raise ConfigError("no entry point: give the training command after --")
-    template = MULTI if spec.num_nodes > 1 else SINGLE
+    # several processes (nodes, or GPUs on one node) start under torchrun
+    several = spec.num_nodes > 1 or any(p.target.count > 1 for p in spec.candidates)
+    template = MULTI if several else SINGLE
     from burst import distributed
 
     text = _environment().get_template(template).render(
