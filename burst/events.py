@@ -44,22 +44,25 @@ def merge(src: Store, dst: Store, run_id: str) -> bool:
 
     Several machines write a run's history (the laptop, the agent, a cloud node after a
     resume), each into its own local copy, so copying one file over another would lose
-    the other side's events. Lines are merged as a set, ordered by their time.
+    the other side's events. The union is ordered by time; events of the same
+    millisecond keep the order their writer gave them.
     """
     ours, theirs = _lines(src, run_id), _lines(dst, run_id)
-    if not ours or ours <= theirs:
+    known = set(theirs)
+    new = [line for line in ours if line not in known]
+    if not new:
         return False
-    merged = sorted(ours | theirs, key=_time_of)
+    merged = sorted(theirs + new, key=_time_of)  # stable: ties keep their written order
     dst.put(key(run_id), "".join(line + "\n" for line in merged).encode())
     return True
 
 
-def _lines(store: Store, run_id: str) -> set[str]:
+def _lines(store: Store, run_id: str) -> list[str]:
     try:
         data = store.get(key(run_id)).decode(errors="replace")
     except KeyError:
-        return set()
-    return {line for line in data.splitlines() if line.strip()}
+        return []
+    return [line for line in data.splitlines() if line.strip()]
 
 
 def _time_of(line: str) -> str:

@@ -140,8 +140,10 @@ class Guard:
         run._event("failure", kind="gpu-failure", step=run.step + 1, snapshot_step=saved,
                    error=summary, **run._layout())
         self._flush(None)
-        _say(f"GPU failure in step {run.step + 1} ({summary}); RAM copy of step {saved} "
-             f"saved without touching CUDA; exit {failure.EXIT_GPU_FAILURE}")
+        kept = (f"RAM copy of step {saved} saved without touching CUDA" if saved is not None
+                else "no RAM copy yet, so the newest persisted snapshot stands")
+        _say(f"GPU failure in step {run.step + 1} ({summary}); {kept}; "
+             f"exit {failure.EXIT_GPU_FAILURE}")
         return failure.EXIT_GPU_FAILURE
 
     def _persist_shadow(self, reason: str, budget: float | None) -> int | None:

@@ -1,0 +1,83 @@
+"""The failure handling of a run used as a context manager (``with burst.Run(...) as run``)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+from burst import snapshot
+from burst.store import LocalStore
+
+PROGRAM = textwrap.dedent("""
+    import sys, torch
+    from torch.utils.data import DataLoader, TensorDataset
+    import burst
+
+    torch.manual_seed(0)
+    data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8),
+                                torch.nn.Linear(8, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with burst.Run("guarded", store=sys.argv[1], global_batch=8, micro_batch=4,
+                   shadow_every=int(sys.argv[2]), persist_seconds=None) as run:
+        run.attach(model, opt)
+        loader = DataLoader(data, batch_size=run.micro_batch,
+                            sampler=burst.ResumableSampler(data, seed=0))
+        for epoch in run.epochs(1):
+            for step in run.steps(loader):
+                for x, y in step:
+                    loss = torch.nn.functional.mse_loss(model(x), y) * step.weight(len(x))
+                    loss.backward()
+                opt.step()
+                opt.zero_grad()
+    print("finished")
+""")
+
+
+def run_program(tmp_path, fault: str, shadow_every: int = 100) -> subprocess.CompletedProcess:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    script = tmp_path / "train.py"
+    script.write_text(PROGRAM)
+    return subprocess.run([sys.executable, str(script), str(tmp_path / "store"),
+                           str(shadow_every)],
+                          capture_output=True, text=True, timeout=120, check=False,
+                          env={**os.environ, "BURST_FAULT": fault, "BURST_FREEZE": "0"})
+
+
+def test_an_oom_inside_the_with_block_snapshots_the_last_boundary_and_exits_86(tmp_path):
+    done = run_program(tmp_path, "oom@3:1")
+    assert done.returncode == 86, done.stderr
+    assert "Traceback" not in done.stderr and "finished" not in done.stdout
+    manifest = snapshot.read_manifest(LocalStore(tmp_path / "store"), "guarded")
+    assert manifest["step"] == 2 and manifest["reason"] == "oom"
+
+
+def test_the_oom_snapshot_holds_the_batchnorm_statistics_of_the_boundary(tmp_path):
+    """The failed step's first micro-batch ran forward (moving BatchNorm's running mean);
+    the snapshot must still hold the values of the end of step 2."""
+    run_program(tmp_path / "a", "oom@3:1")
+    run_program(tmp_path / "b", "oom@3:0")  # fails before any forward of step 3
+    import torch
+
+    means = []
+    for side in ("a", "b"):
+        store = LocalStore(tmp_path / side / "store")
+        tensors = snapshot.load_tensors(store, snapshot.read_manifest(store, "guarded"))
+        means.append(next(t for name, t in tensors.items() if name.endswith("running_mean")))
+    assert torch.equal(means[0], means[1])
+
+
+def test_a_sticky_error_inside_the_with_block_exits_87_with_the_ram_shadow(tmp_path):
+    done = run_program(tmp_path, "sticky@3", shadow_every=1)
+    assert done.returncode == 87, done.stderr
+    manifest = snapshot.read_manifest(LocalStore(tmp_path / "store"), "guarded")
+    assert manifest["reason"] == "gpu-failure" and manifest["step"] == 2
+
+
+def test_a_sticky_error_before_any_ram_copy_says_nothing_newer_could_be_saved(tmp_path):
+    done = run_program(tmp_path, "sticky@3")
+    assert done.returncode == 87, done.stderr
+    assert "no RAM copy yet" in done.stderr
+    assert snapshot.read_manifest(LocalStore(tmp_path / "store"), "guarded") is None
