@@ -112,9 +112,6 @@ class Run:
         # world_size=None: whatever torch.distributed runs (burst.distributed.init_from_env)
         self._group = Group.for_run(world_size)
         self.rank, self.world_size = self._group.rank, self._group.world_size
-        self.store = open_store(store)
-        self.local, self._uploads = _local_tier(self.store, self.run_id, local,
-                                                uploads=self.rank == 0)
         self.seed = seed
         self.global_batch = _positive(global_batch, "global_batch")
         self.micro_batch = _positive(_env_int(ENV_MICRO_BATCH) or micro_batch or global_batch,
@@ -123,6 +120,10 @@ class Run:
         self.amp = parse_amp(os.environ.get(ENV_AMP, amp))
         _check_plan_env(self.accumulation, self.world_size)
         _apply_tf32(os.environ.get(ENV_TF32))
+        # the stores last: every setting above is checked before any upload thread starts
+        self.store = open_store(store)
+        self.local, self._uploads = _local_tier(self.store, self.run_id, local,
+                                                uploads=self.rank == 0)
         self.total_epochs: int | None = None
         self.steps_per_epoch: int | None = None
         self.shadow_every = _positive(shadow_every, "shadow_every")
@@ -138,6 +139,7 @@ class Run:
         self._in_step = self._optimizer_stepped = self._in_optimizer_step = False
         self._boundary_rng: dict | None = None
         self._boundary_buffers: dict[str, torch.Tensor] = {}
+        self._saved_buffer_names: frozenset[str] = frozenset()  # persistent ones only
         self._injector = faults.Injector.from_env()
         self._guard = Guard(self, grace_seconds)
         self._requested: str | None = None
@@ -153,6 +155,7 @@ class Run:
                ) -> state_mod.RestoreReport | None:
         """Register what to snapshot and restore the newest complete snapshot, if any."""
         self.components = state_mod.Components(unwrap(model), optimizer, scheduler, scaler)
+        self._saved_buffer_names = frozenset(self.components.model.state_dict().keys())
         if optimizer is not None:
             optimizer.register_step_pre_hook(self._before_optimizer_step)
             optimizer.register_step_post_hook(self._on_optimizer_step)
@@ -296,7 +299,8 @@ class Run:
         model = self.components.model
         if model is not None:
             self._boundary_buffers = {name: b.detach().clone()
-                                      for name, b in model.named_buffers()}
+                                      for name, b in model.named_buffers()
+                                      if name in self._saved_buffer_names}
 
     def _persist_due(self) -> bool:
         if self.persist_every and self.step % self.persist_every == 0:
