@@ -33,6 +33,7 @@ import torch.distributed as dist
 from burst.errors import ConfigError, SnapshotError
 
 DEFAULT_PORT = 29500
+PORT_ENV = "BURST_MASTER_PORT"  # overrides the rendezvous port when the task runs
 ENV_MASTER_PORT = "BURST_MASTER_PORT"  # the port for a SkyPilot-variables start
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
@@ -150,7 +151,7 @@ def torchrun_shell(script: str, port: int = DEFAULT_PORT, python: str = "python"
         f"{shlex.quote(python)} -m torch.distributed.run"
         ' --nnodes="$SKYPILOT_NUM_NODES" --nproc-per-node="${SKYPILOT_NUM_GPUS_PER_NODE:-1}"'
         ' --node-rank="$SKYPILOT_NODE_RANK" --master-addr="$BURST_HEAD_IP"'
-        f" --master-port={int(port)} {script}"
+        f' --master-port="${{{PORT_ENV}:-{int(port)}}}" {script}'
     )
 
 

@@ -13,6 +13,7 @@ which it recovers like ``EAGER_NEXT_REGION``: a new node on the next candidate.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import threading
 import time
@@ -22,6 +23,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
+from burst.distributed import PORT_ENV
 from burst.errors import BurstError, ConfigError
 from burst.launch import LaunchResult, Reporter
 from burst.launch.task import RenderedTask
@@ -84,6 +86,7 @@ class _Job:
         self.stamp = datetime.now(UTC).strftime("%Y-%m-%d-%H-%M-%S-%f")
         self.task_id = f"sky-managed-{self.stamp}_{task.name}_1-0"
         self.capacity_left = launcher.faults.fail_first
+        self.master_port = _free_port()
         self.nodes = 0
         recovery = task.job_recovery or {}
         self.recover_codes = set(recovery.get("recover_on_exit_codes") or [])
@@ -157,7 +160,9 @@ class _Job:
                     "SKYPILOT_NUM_NODES": str(self.task.num_nodes),
                     "SKYPILOT_NODE_IPS": "\n".join(["127.0.0.1"] * self.task.num_nodes),
                     "SKYPILOT_NUM_GPUS_PER_NODE": str(count),
-                    "SKYPILOT_CLUSTER_INFO": _cluster_info(candidate)})
+                    "SKYPILOT_CLUSTER_INFO": _cluster_info(candidate),
+                    # several stub jobs on one machine must not share a rendezvous port
+                    PORT_ENV: str(self.master_port)})
         faults = self.launcher.faults
         if injected and faults.preempt_at is not None:
             env["BURST_FAULT"] = f"{faults.preempt}@{faults.preempt_at}"
@@ -218,3 +223,9 @@ def _cluster_info(candidate: dict) -> str:
     return json.dumps({"cluster_name": "burst-stub", "cloud": "local",
                        "region": candidate.get("infra") or "local", "zone": None,
                        "time": int(time.time())})
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
