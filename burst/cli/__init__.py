@@ -73,11 +73,13 @@ def _register() -> None:
     from burst.cli import run as run_commands
     from burst.cli import schedule as schedule_commands
     from burst.cli import status as status_commands
+    from burst.cli.examples import add_examples
 
     for command in (*snapshots.COMMANDS, *plan.COMMANDS, *env.COMMANDS, *transfer.COMMANDS,
                     *gc.COMMANDS, *run_commands.COMMANDS, *schedule_commands.COMMANDS,
                     *resume_commands.COMMANDS, *status_commands.COMMANDS,
                     *report_commands.COMMANDS):
+        add_examples(command)
         main.add_command(command)
 
 
