@@ -7,7 +7,8 @@ optimizer step during which the fault fires (1-based, as ``Step.index``). Kinds:
   raised in the forward pass);
 - ``oom-optimizer``: the same error from inside ``optimizer.step()``;
 - ``sticky``: a sticky CUDA error ("an illegal memory access was encountered");
-- ``kill``: SIGKILL to the process itself, mid-step;
+- ``kill``: SIGKILL to the process itself, mid-step, once the snapshot writes already in
+  flight have landed (so a drill's recovery point does not depend on disk speed);
 - ``term``: SIGTERM to the process itself, mid-step (a preemption notice).
 
 A fault fires once per process, and only when the run has not already moved past that
@@ -16,8 +17,10 @@ step, so a restarted process that resumes beyond it trains on normally.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +56,7 @@ class Injector:
 
     def __init__(self, faults: list[Fault]) -> None:
         self.pending = list(faults)
+        self.settle: Callable[[], None] | None = None  # waits for in-flight snapshot writes
 
     @classmethod
     def from_env(cls) -> Injector:
@@ -60,6 +64,9 @@ class Injector:
 
     def before_micro_batch(self, step: int, micro_batch: int) -> None:
         for fault in self._due(step, ("oom", "sticky", "kill", "term"), micro_batch):
+            if fault.kind == "kill" and self.settle is not None:
+                with contextlib.suppress(Exception):
+                    self.settle()
             _fire(fault)
 
     def in_optimizer_step(self, step: int) -> None:

@@ -141,6 +141,7 @@ class Run:
         self._boundary_buffers: dict[str, torch.Tensor] = {}
         self._saved_buffer_names: frozenset[str] = frozenset()  # persistent ones only
         self._injector = faults.Injector.from_env()
+        self._injector.settle = lambda: self.flush(timeout=60)
         self._guard = Guard(self, grace_seconds)
         self._requested: str | None = None
         self._last_persist = time.monotonic()
