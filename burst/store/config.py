@@ -20,13 +20,11 @@ secret in it is refused, so burst never becomes one more place a key leaks from.
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 from typing import Any
 
+from burst import config as user_config
 from burst.errors import ConfigError
-
-CONFIG_ENV = "BURST_CONFIG"
 
 #: Every setting a store accepts, with the environment variable that can supply it.
 OPTIONS: dict[str, str] = {
@@ -48,26 +46,15 @@ _SECRETS = ("secret", "password", "token", "access_key", "private_key", "credent
 
 
 def config_path() -> Path:
-    """``$BURST_CONFIG``, else ``$XDG_CONFIG_HOME/burst/config.toml`` (``~/.config`` default)."""
-    explicit = os.environ.get(CONFIG_ENV)
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CONFIG_HOME") or Path("~/.config").expanduser()
-    return Path(base) / "burst" / "config.toml"
+    """The one burst config file (``burst.config`` finds and parses it for every reader)."""
+    return user_config.default_path()
 
 
 def load_sections(path: Path | None = None) -> dict[str, dict[str, Any]]:
     """The ``[stores.NAME]`` sections of the config file (none if there is no file)."""
     path = path or config_path()
-    try:
-        with open(path, "rb") as f:
-            data = tomllib.load(f)
-    except FileNotFoundError:
-        return {}
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read burst config {path}: {exc}") from None
-    sections = data.get("stores", {})
-    if not isinstance(sections, dict) or not all(isinstance(v, dict) for v in sections.values()):
+    sections = user_config.section(user_config.load(path) if path.exists() else {}, "stores")
+    if not all(isinstance(v, dict) for v in sections.values()):
         raise ConfigError(f"{path}: [stores.NAME] sections must be tables")
     for name, section in sections.items():
         _check_section(path, name, section)
