@@ -29,8 +29,9 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from burst import snapshot, sync  # noqa: E402
-from burst.snapshot import Captured  # noqa: E402
+from burst.snapshot import sync  # noqa: E402
+from burst.snapshot import tiers as snapshot
+from burst.snapshot.tiers import Captured  # noqa: E402
 from burst.store import LocalStore, open_store  # noqa: E402
 from tests.store_servers import (  # noqa: E402
     ACCESS_KEY,

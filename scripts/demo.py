@@ -27,7 +27,8 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from burst import events, snapshot
+from burst import events
+from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore
 
 EXAMPLE = Path(__file__).with_name("example_address.py")

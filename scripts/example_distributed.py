@@ -19,7 +19,7 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader, Dataset
 
 import burst
-import burst.distributed
+import burst.parallel
 
 
 class NoisyPairs(Dataset):
@@ -69,7 +69,7 @@ def main() -> None:
     args = parse()
     torch.use_deterministic_algorithms(True)
     torch.set_num_threads(1)
-    group = burst.distributed.init_from_env()
+    group = burst.parallel.init_from_env()
     if group.world_size > 1 and args.parallel == "none":
         raise SystemExit("several ranks need --parallel ddp or fsdp")
 
@@ -91,7 +91,7 @@ def main() -> None:
         for epoch in run.epochs(args.epochs):
             for step in run.steps(loader):
                 indices, total = [], 0.0
-                for micro, (x, y, index) in enumerate(burst.distributed.accumulate(step, model)):
+                for micro, (x, y, index) in enumerate(burst.parallel.accumulate(step, model)):
                     if (step.index, micro, run.rank) == (kill_step, kill_micro, 0):
                         run.flush()  # the snapshot being written must exist; then die hard
                         os.kill(os.getpid(), signal.SIGKILL)

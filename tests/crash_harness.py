@@ -30,7 +30,10 @@ os.environ.setdefault("BURST_FREEZE", "0")  # the environment freeze is not unde
 
 import torch
 
-from burst import killpoints, retention, snapshot, state, sync
+from burst import killpoints
+from burst.snapshot import retention, sync
+from burst.snapshot import tiers as snapshot
+from burst.state import capture as state
 from burst.store import LocalStore
 from burst.store.s3 import S3Store, make_client
 

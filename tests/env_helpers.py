@@ -9,8 +9,8 @@ import subprocess
 import zipfile
 from pathlib import Path
 
-from burst import envfacts
-from burst.lockfile import Lockfile, Package
+from burst.env import machine as envfacts
+from burst.env.lockfile import Lockfile, Package
 
 CANARY_FILE = "CANARY-in-a-secret-file-7f3a"
 CANARY_KEY = "CANARYKEYMATERIAL9b1e"

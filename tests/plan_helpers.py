@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from burst import format as fmt
-from burst import memory
-from burst.facts import RunFacts
+from burst.plan import memory
+from burst.plan.facts import RunFacts
+from burst.snapshot import format as fmt
 from burst.store.base import Store
 
 GIB = 1 << 30

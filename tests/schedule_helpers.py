@@ -8,8 +8,9 @@ from datetime import UTC, datetime, timedelta
 
 import torch
 
-from burst import events, snapshot
-from burst.snapshot import Captured
+from burst import events
+from burst.snapshot import tiers as snapshot
+from burst.snapshot.tiers import Captured
 from burst.store import MemoryStore
 from burst.store.base import Store
 

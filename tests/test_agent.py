@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from burst import events, snapshot
+from burst import events
+from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore
 from tests.conftest import EXAMPLE, assert_same, final_state, run_example, step_records
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from burst import gpus, regions
 from burst.errors import ConfigError
-from burst.plan import Options, PlanError, candidates, choose
+from burst.plan import cards as gpus
+from burst.plan import regions
+from burst.plan.planner import Options, PlanError, candidates, choose
 from tests.plan_helpers import facts
 
 CATALOG = gpus.builtin()

@@ -17,8 +17,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from burst import retry
 from burst.cli import EXIT_INTERNAL, main
+from burst.store import retry
 
 UNREACHABLE = "sftp://127.0.0.1:1/nowhere"  # nothing listens on port 1
 STORE = "{store}"  # each case gets a fresh empty store directory
@@ -149,7 +149,7 @@ def test_every_command_fails_bad_input_in_one_line(isolated: Path) -> None:
 
 def test_an_internal_error_is_one_line_and_a_private_log(
         isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from burst import catalog
+    from burst.snapshot import catalog
 
     def broken(*_: object) -> None:
         raise ZeroDivisionError("the bug, near https://user:hunter2@example.com/x")

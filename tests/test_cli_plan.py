@@ -7,8 +7,8 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from burst import gpus
 from burst.cli import main
+from burst.plan import cards as gpus
 from burst.store import open_store
 from tests.plan_helpers import GIB, manifest, put_manifest
 

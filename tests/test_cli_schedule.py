@@ -10,9 +10,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from click.testing import CliRunner
 
-from burst import events, snapshot
-from burst import schedule as sched
+from burst import events
 from burst.cli import main
+from burst.deadline import scheduler as sched
+from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore
 from tests.schedule_helpers import take
 
@@ -185,7 +186,7 @@ def test_the_default_burst_runs_burst_resume_with_only_the_chosen_tier(monkeypat
 
 
 def test_a_tick_while_another_schedule_holds_the_run_is_skipped(stores, state_home):
-    from burst import install_timer
+    from burst.deadline import timers as install_timer
 
     _, remote = stores
     with sched.exclusive(state_home / "burst" / f"{install_timer.unit_name('r')}.lock"):

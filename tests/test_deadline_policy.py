@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from burst import deadline as rules
 from burst import events
+from burst.deadline import policy as rules
 from tests.schedule_helpers import T0, at, fresh_store, piecewise, steady, trace
 
 HOUR = 3600.0

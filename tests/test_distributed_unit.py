@@ -12,10 +12,11 @@ import pytest
 import torch
 
 import burst
-from burst import dcp, rank_rng, rng
-from burst.distributed import Group, launch_from_env, torchrun_command, torchrun_shell
 from burst.errors import ConfigError
-from burst.run import Step
+from burst.parallel import sharded as dcp
+from burst.parallel.group import Group, launch_from_env, torchrun_command, torchrun_shell
+from burst.state import rank_rng, rng
+from burst.training.run import Step
 from tests.conftest import assert_same
 
 SKY_2x4 = {"SKYPILOT_NODE_RANK": "1", "SKYPILOT_NUM_NODES": "2",

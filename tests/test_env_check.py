@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from burst import envcheck, lockfile
 from burst.cli import main
-from burst.lockfile import Package
+from burst.env import check as envcheck
+from burst.env import lockfile
+from burst.env.lockfile import Package
 
 
 @pytest.fixture(scope="module")

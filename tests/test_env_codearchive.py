@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from burst import codearchive
+from burst.env import codearchive
 from burst.errors import ConfigError, SnapshotError
 from burst.store import MemoryStore
 from tests.env_helpers import (

@@ -9,12 +9,13 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from burst import envinstall, freeze
 from burst.cli import main
+from burst.env import freeze
+from burst.env import install as envinstall
+from burst.env.lockfile import Lockfile, Package
+from burst.env.torchvariant import Target
 from burst.errors import ConfigError
-from burst.lockfile import Lockfile, Package
 from burst.store import open_store
-from burst.torchvariant import Target
 from tests.env_helpers import build_wheel, make_repo, tiny_lockfile, tree
 
 OFFLINE = ["--no-index", "--installer", "pip", "--cpu"]

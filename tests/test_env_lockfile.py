@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from burst import lockfile, pkgindex
-from burst.lockfile import LockfileError, Package
+from burst.env import lockfile, pkgindex
+from burst.env.lockfile import LockfileError, Package
 from burst.store import MemoryStore
 
 

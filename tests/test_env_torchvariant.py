@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from burst import torchvariant
+from burst.env import torchvariant
+from burst.env.torchvariant import Target
 from burst.errors import ConfigError
-from burst.torchvariant import Target
 
 
 @pytest.mark.parametrize(("card", "family", "capability"), [

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from burst import facts
 from burst.errors import SnapshotError
+from burst.plan import facts
 from tests.plan_helpers import manifest
 
 

@@ -9,8 +9,9 @@ from typing import NamedTuple
 
 import pytest
 
-from burst import config, gpus
+from burst import config
 from burst.errors import ConfigError
+from burst.plan import cards as gpus
 
 
 class Offer(NamedTuple):  # the fields of sky.catalog.common.InstanceTypeInfo burst reads

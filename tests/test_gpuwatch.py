@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from burst.gpuwatch import GpuSample, GpuWatch, MemoryAlert
+from burst.supervise.gpuwatch import GpuSample, GpuWatch, MemoryAlert
 
 GIB = 1 << 30
 

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from burst import snapshot
+from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore
 
 PROGRAM = textwrap.dedent("""

@@ -21,10 +21,12 @@ import torch
 from click.testing import CliRunner
 
 import burst
-from burst import format as fmt
-from burst import snapshot, state, sync
 from burst.cli import main
 from burst.errors import BurstError, SnapshotError
+from burst.snapshot import format as fmt
+from burst.snapshot import sync
+from burst.snapshot import tiers as snapshot
+from burst.state import capture as state
 from burst.store import LocalStore, open_store
 from tests.store_servers import aws_env
 
@@ -207,7 +209,7 @@ def test_hostile_keys_in_a_listing_are_ignored(moto_s3, tmp_path: Path,
     snapshot.verify(local, RUN)
     escaped = [p for p in tmp_path.rglob("*") if p.name in ("escaped", "x", "a b")]
     assert escaped == []
-    from burst import retention
+    from burst.snapshot import retention
 
     retention.gc(remote, RUN, keep_last=1)  # a hostile key does not stop GC either
 

@@ -10,12 +10,12 @@ from __future__ import annotations
 import pytest
 import sky
 
-from burst.gpus import builtin
 from burst.launch import Reporter
 from burst.launch.skypilot import SkyPilotLauncher
 from burst.launch.task import NodeSoftware, TaskSpec, render
-from burst.plan import Plan, Target
-from burst.regions import place
+from burst.plan.cards import builtin
+from burst.plan.planner import Plan, Target
+from burst.plan.regions import place
 
 SECRETS = {"AWS_ACCESS_KEY_ID": "AKIACANARY0000000009", "AWS_SECRET_ACCESS_KEY": "canary-xyz-42"}
 

@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from burst import ResumableSampler, partition
+from burst import ResumableSampler
 from burst.errors import ConfigError
+from burst.parallel import partition
 
 
 @given(remaining=st.integers(0, 300), batch_per_rank=st.integers(1, 12),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from burst import gpus
-from burst.amp import parse_amp
 from burst.errors import ConfigError
-from burst.plan import Options, PlanError, Target, check_split, micro_batches, plan_for
+from burst.plan import cards as gpus
+from burst.plan.planner import Options, PlanError, Target, check_split, micro_batches, plan_for
+from burst.training.amp import parse_amp
 from tests.plan_helpers import GIB, facts
 
 CATALOG = gpus.builtin()

@@ -5,9 +5,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from burst import gpus, memory
-from burst.facts import RunFacts
-from burst.plan import Options, PlanError, Target, check_split, micro_batches, plan_for
+from burst.plan import cards as gpus
+from burst.plan import memory
+from burst.plan.facts import RunFacts
+from burst.plan.planner import Options, PlanError, Target, check_split, micro_batches, plan_for
 
 CARDS = list(gpus.builtin())
 GIB = 1 << 30

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from burst.errors import BurstError, ConfigError
-from burst.plan import ENV_PROBE_MICRO_BATCHES
-from burst.probe import find_micro_batch, is_oom, sizes_from_env
+from burst.plan.planner import ENV_PROBE_MICRO_BATCHES
+from burst.plan.probe import find_micro_batch, is_oom, sizes_from_env
 
 
 def fake_step(limit: int, tried: list[int]):

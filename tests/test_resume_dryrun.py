@@ -13,12 +13,13 @@ import sky
 import yaml
 from click.testing import CliRunner
 
-from burst import gpus, lockfile
-from burst import plan as planner
 from burst.cli import main
 from burst.config import load as load_config
-from burst.replan import replan
-from burst.resume import PER_TIER
+from burst.env import lockfile
+from burst.plan import cards as gpus
+from burst.plan import planner
+from burst.plan.replan import replan
+from burst.resume.handoff import PER_TIER
 from burst.store import open_store
 from tests.plan_helpers import GIB, manifest, put_manifest
 

@@ -8,10 +8,11 @@ import time
 import pytest
 import torch
 
-from burst import format as fmt
-from burst import retention, snapshot, sync
 from burst.errors import SnapshotError
-from burst.snapshot import Captured
+from burst.snapshot import format as fmt
+from burst.snapshot import retention, sync
+from burst.snapshot import tiers as snapshot
+from burst.snapshot.tiers import Captured
 from burst.store import LocalStore, MemoryStore
 
 

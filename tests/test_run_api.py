@@ -11,8 +11,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import burst
-from burst import snapshot
 from burst.errors import ConfigError, SnapshotError
+from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore
 
 DATA = TensorDataset(torch.arange(40, dtype=torch.float32).reshape(20, 2), torch.arange(20))

@@ -14,7 +14,8 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import burst
-from burst import snapshot, sync
+from burst.snapshot import sync
+from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore, open_store
 from tests.store_servers import aws_env
 
@@ -79,7 +80,7 @@ def test_a_snapshot_a_crash_left_un_uploaded_goes_up_when_the_run_restarts(remot
 
 KILLED_PUSH = textwrap.dedent("""
     import sys, time
-    from burst import sync
+    from burst.snapshot import sync
     from burst.store import open_store
     local, remote = open_store(sys.argv[1]), open_store(sys.argv[2])
     real_put = remote.put

@@ -38,7 +38,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from burst import rank_rng, snapshot
+from burst.snapshot import tiers as snapshot
+from burst.state import rank_rng
 from burst.store import open_store
 
 pytestmark = pytest.mark.e2e

@@ -7,9 +7,10 @@ from datetime import timedelta
 
 import pytest
 
-from burst import deadline as rules
-from burst import events, snapshot
-from burst import schedule as sched
+from burst import events
+from burst.deadline import policy as rules
+from burst.deadline import scheduler as sched
+from burst.snapshot import tiers as snapshot
 from tests.schedule_helpers import (
     T0,
     FakeClock,

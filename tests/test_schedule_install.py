@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from burst import install_timer
 from burst.cli import main
+from burst.deadline import timers as install_timer
 from burst.store import LocalStore
 from tests.schedule_helpers import take
 

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from burst.deadline.timespec import human, parse_deadline, parse_duration, parse_instant
 from burst.errors import ConfigError
-from burst.timespec import human, parse_deadline, parse_duration, parse_instant
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 

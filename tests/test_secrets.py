@@ -23,8 +23,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from burst import crashlog
-from burst.cli import main
+from burst.cli import crashlog, main
 from burst.errors import StoreError
 from burst.store import open_store
 from tests.conftest import EXAMPLE

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from burst import format as fmt
-from burst import snapshot
 from burst.errors import SnapshotError
-from burst.snapshot import Captured
+from burst.snapshot import format as fmt
+from burst.snapshot import tiers as snapshot
+from burst.snapshot.tiers import Captured
 from burst.store import LocalStore
 
 

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from burst import events
 from burst.cli import main
-from burst.status import run_status
+from burst.resume.status import run_status
 from burst.store import open_store
 from tests.plan_helpers import manifest, put_manifest
 

@@ -18,10 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from burst import snapshot, sync
 from burst.errors import BurstError, SnapshotError
-from burst.retry import RetryPolicy
+from burst.snapshot import sync
+from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore, open_store
+from burst.store.retry import RetryPolicy
 from burst.store.s3 import S3Store
 from tests.fault_proxy import FaultProxy, start
 from tests.store_servers import S3Server, aws_env

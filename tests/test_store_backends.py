@@ -10,9 +10,9 @@ from botocore.exceptions import ClientError
 
 from burst.errors import ConfigError, StoreError
 from burst.store import open_store
-from burst.store.config import resolve
 from burst.store.oss import endpoint_for
 from burst.store.s3 import S3Store
+from burst.store.settings import resolve
 from burst.store.sftp import SFTPStore
 from tests.store_servers import BUCKET, aws_env
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from burst import format as fmt
-from burst import snapshot
 from burst.cli import main
-from burst.snapshot import Captured
+from burst.snapshot import format as fmt
+from burst.snapshot import tiers as snapshot
+from burst.snapshot.tiers import Captured
 from burst.store import LocalStore
 from tests.store_servers import aws_env, free_port
 

@@ -9,9 +9,9 @@ import uuid
 import pytest
 import torch
 
-from burst import snapshot
 from burst.errors import SnapshotError
-from burst.snapshot import Captured
+from burst.snapshot import tiers as snapshot
+from burst.snapshot.tiers import Captured
 from burst.store import open_store
 from tests.store_servers import aws_env
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from burst import format as fmt
-from burst import snapshot, sync
 from burst.errors import SnapshotError
-from burst.retry import RetryPolicy
-from burst.snapshot import Captured
+from burst.snapshot import format as fmt
+from burst.snapshot import sync
+from burst.snapshot import tiers as snapshot
+from burst.snapshot.tiers import Captured
 from burst.store import LocalStore, MemoryStore, open_store
+from burst.store.retry import RetryPolicy
 from tests.store_servers import aws_env
 
 FAST = RetryPolicy(attempts=3, base=0.001, cap=0.001)

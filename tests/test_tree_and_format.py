@@ -8,9 +8,9 @@ import math
 import pytest
 import torch
 
-from burst import format as fmt
-from burst import tree
 from burst.errors import SnapshotError
+from burst.snapshot import format as fmt
+from burst.state import tree
 
 
 def roundtrip(value):

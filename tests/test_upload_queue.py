@@ -8,12 +8,12 @@ import time
 import pytest
 import torch
 
-from burst import snapshot
 from burst.errors import StoreError
-from burst.retry import RetryPolicy, retry
-from burst.snapshot import Captured
+from burst.snapshot import tiers as snapshot
+from burst.snapshot.tiers import Captured
+from burst.snapshot.upload import UploadQueue
 from burst.store import LocalStore, MemoryStore, TransientStoreError
-from burst.upload import UploadQueue
+from burst.store.retry import RetryPolicy, retry
 
 FAST = RetryPolicy(attempts=4, base=0.001, cap=0.001)
 

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import click
 
-from burst import __version__, crashlog
+from burst import __version__
+from burst.cli import crashlog
+from burst.env.redact import scrub_text
 from burst.errors import BurstError
-from burst.redact import scrub_text
 
 EXIT_INTERNAL = 70  # EX_SOFTWARE: a bug in burst, not in what the user asked
 

@@ -15,8 +15,10 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from burst import codearchive, envcheck, envinstall, freeze, lockfile
 from burst.cli.options import json_option, store_option
+from burst.env import check as envcheck
+from burst.env import codearchive, freeze, lockfile
+from burst.env import install as envinstall
 from burst.errors import BurstError, ConfigError
 from burst.store import open_store
 

@@ -6,10 +6,10 @@ import json
 
 import click
 
-from burst import retention
-from burst.catalog import human_bytes
 from burst.cli.options import json_option, store_option, store_settings
 from burst.errors import SnapshotError
+from burst.snapshot import retention
+from burst.snapshot.catalog import human_bytes
 from burst.store import open_store
 
 

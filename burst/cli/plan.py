@@ -11,10 +11,10 @@ from rich.markup import escape
 from rich.table import Table
 
 from burst import config as user_config
-from burst import plan as planner
 from burst.cli.options import json_option, store_option
-from burst.gpus import GIB
-from burst.replan import Replan, replan
+from burst.plan import planner
+from burst.plan.cards import GIB
+from burst.plan.replan import Replan, replan
 from burst.store import open_store
 
 OFFLINE_ENV = "BURST_OFFLINE"

@@ -13,8 +13,6 @@ from rich.markup import escape
 from rich.table import Table
 
 from burst import config as user_config
-from burst import node, resume
-from burst import plan as planner
 from burst.cli.options import local_option, store_option
 from burst.cli.plan import OFFLINE_ENV, _counts, _csv
 from burst.errors import BurstError, ConfigError
@@ -23,6 +21,9 @@ from burst.launch.local import Faults, LocalLauncher
 from burst.launch.skypilot import MODES, SkyPilotLauncher
 from burst.launch.ssh import SSHLauncher, Target
 from burst.launch.task import NodeSoftware
+from burst.plan import planner
+from burst.resume import handoff as resume
+from burst.resume import node
 from burst.store import open_store
 
 STUB_ROOT_ENV = "BURST_STUB_ROOT"

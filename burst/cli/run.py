@@ -8,12 +8,12 @@ import sys
 import click
 
 from burst import events
-from burst.agent import Agent, Outcome, Policy
 from burst.cli.options import json_option, local_option, store_option
 from burst.errors import ConfigError
-from burst.faults import parse as parse_faults
-from burst.gpuwatch import GpuWatch
 from burst.store import is_local, open_store
+from burst.supervise.agent import Agent, Outcome, Policy
+from burst.supervise.faults import parse as parse_faults
+from burst.supervise.gpuwatch import GpuWatch
 
 
 def supervision_options(fn):

@@ -19,14 +19,17 @@ from typing import Any
 import click
 
 from burst import config as user_config
-from burst import deadline as rules
-from burst import events, install_timer, snapshot, sync
-from burst import schedule as sched
+from burst import events
 from burst.cli.options import json_option, local_option, store_option
+from burst.deadline import policy as rules
+from burst.deadline import scheduler as sched
+from burst.deadline import timers as install_timer
+from burst.deadline.timespec import human, iso, parse_deadline, parse_duration, parse_instant
 from burst.errors import ConfigError
+from burst.snapshot import sync
+from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore, open_store
 from burst.store.base import Store
-from burst.timespec import human, iso, parse_deadline, parse_duration, parse_instant
 
 
 @click.command("schedule")

@@ -9,11 +9,11 @@ import click
 from rich.console import Console
 from rich.table import Table
 
-from burst import snapshot
-from burst.catalog import human_bytes, list_runs, snapshot_rows
 from burst.cli.options import json_option, store_option, store_settings
 from burst.cli.progress import transfer_bar
 from burst.errors import SnapshotError
+from burst.snapshot import tiers as snapshot
+from burst.snapshot.catalog import human_bytes, list_runs, snapshot_rows
 from burst.store import Store, open_store
 
 

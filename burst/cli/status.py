@@ -9,10 +9,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from burst.catalog import list_runs
 from burst.cli.options import json_option, local_option, store_option
 from burst.errors import BurstError
-from burst.status import run_status
+from burst.resume.status import run_status
+from burst.snapshot.catalog import list_runs
 from burst.store import is_local, open_store
 
 

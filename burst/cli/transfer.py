@@ -6,10 +6,10 @@ import json
 
 import click
 
-from burst import sync
-from burst.catalog import human_bytes
 from burst.cli.options import json_option, local_option, store_settings
 from burst.cli.progress import transfer_bar
+from burst.snapshot import sync
+from burst.snapshot.catalog import human_bytes
 from burst.store import open_store
 
 

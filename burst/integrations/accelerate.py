@@ -30,8 +30,8 @@ from typing import Any
 
 from burst.errors import ConfigError
 from burst.integrations.loop import ForeignLoop, find_sampler
-from burst.run import Run
-from burst.state import RestoreReport
+from burst.state.capture import RestoreReport
+from burst.training.run import Run
 
 
 class BurstAccelerate:

@@ -22,10 +22,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from burst import failure, rng
 from burst.errors import ConfigError
 from burst.integrations.loop import ForeignLoop
-from burst.run import Run
+from burst.state import rng
+from burst.training import failure
+from burst.training.run import Run
 
 try:
     from lightning.pytorch import Callback, LightningModule, Trainer

@@ -3,7 +3,7 @@
 ``Run.steps`` counts optimizer steps itself because it hands out the micro-batches. A
 framework's loop hands them out instead, so the adapters report each micro-batch here
 and this class keeps the run's counters, step boundaries, fault injection and
-snapshots exactly as ``Run.steps`` would. It is the one place outside ``burst.run``
+snapshots exactly as ``Run.steps`` would. It is the one place outside ``burst.training.run``
 that touches the run's internals, so the adapters stay small.
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 
 from burst.errors import ConfigError
-from burst.run import Run, _check_same_data
-from burst.sampler import ResumableSampler, derive_seed
+from burst.training.run import Run, _check_same_data
+from burst.training.sampler import ResumableSampler, derive_seed
 
 
 class ForeignLoop:

@@ -23,10 +23,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO
 
-from burst.distributed import PORT_ENV
 from burst.errors import BurstError, ConfigError
 from burst.launch import LaunchResult, Reporter
 from burst.launch.task import RenderedTask
+from burst.parallel.group import PORT_ENV
 
 PASS_THROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONHASHSEED",
                 "BURST_NODE_GPU", "CUDA_VISIBLE_DEVICES", "BURST_TEMPLATES")

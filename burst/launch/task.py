@@ -29,8 +29,8 @@ from typing import Any
 import jinja2
 
 from burst.errors import ConfigError
-from burst.failure import EXIT_GPU_FAILURE, EXIT_OOM
-from burst.plan import Plan
+from burst.plan.planner import Plan
+from burst.training.failure import EXIT_GPU_FAILURE, EXIT_OOM
 
 TEMPLATES_ENV = "BURST_TEMPLATES"
 SINGLE, MULTI = "task.yaml.j2", "task-multinode.yaml.j2"
@@ -163,7 +163,7 @@ def render(spec: TaskSpec) -> RenderedTask:
     # several processes (nodes, or GPUs on one node) start under torchrun
     several = spec.num_nodes > 1 or any(p.target.count > 1 for p in spec.candidates)
     template = MULTI if several else SINGLE
-    from burst import distributed
+    from burst.parallel import group as distributed
 
     text = _environment().get_template(template).render(
         run_id=spec.run_id, step=spec.step, reason=spec.reason, name=spec.name,

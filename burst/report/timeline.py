@@ -11,9 +11,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from burst import events, snapshot
-from burst.metrics import EVENT as METRICS_EVENT
+from burst import events
+from burst.snapshot import tiers as snapshot
 from burst.store.base import Store
+from burst.training.metrics import EVENT as METRICS_EVENT
 
 GIB = 1024**3
 MARKED = ("start", "resume", "snapshot", "failure", "policy", "child-start", "child-exit",

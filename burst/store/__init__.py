@@ -14,9 +14,9 @@ from urllib.parse import urlparse
 
 from burst.errors import ConfigError
 from burst.store.base import Store, TransientStoreError, check_key
-from burst.store.config import resolve
 from burst.store.local import LocalStore
 from burst.store.memory import MemoryStore
+from burst.store.settings import resolve
 
 DEFAULT_STORE_ENV = "BURST_STORE"
 DEFAULT_STORE = ".burst"

@@ -15,8 +15,8 @@ from typing import Any
 
 from burst.errors import ConfigError, StoreError
 from burst.store.base import TransientStoreError, addressable, check_key, check_prefix
-from burst.store.config import as_int
 from burst.store.s3 import DEFAULT_PART_SIZE, DEFAULT_WORKERS, parse_bucket_url
+from burst.store.settings import as_int
 
 
 def _filesystem(options: dict[str, Any]) -> Any:

@@ -16,7 +16,6 @@ import re
 from typing import Any
 
 from burst.errors import ConfigError
-from burst.store.config import as_bool, as_int
 from burst.store.s3 import (
     DEFAULT_PART_SIZE,
     DEFAULT_WORKERS,
@@ -24,6 +23,7 @@ from burst.store.s3 import (
     make_client,
     parse_bucket_url,
 )
+from burst.store.settings import as_bool, as_int
 
 _REGION = re.compile(r"^(oss-)?([a-z]{2}-[a-z0-9-]+)$")
 

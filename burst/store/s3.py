@@ -34,7 +34,7 @@ import botocore.parsers
 from burst import killpoints
 from burst.errors import ConfigError, StoreError
 from burst.store.base import TransientStoreError, addressable, check_key, check_prefix
-from burst.store.config import as_bool, as_int
+from burst.store.settings import as_bool, as_int
 
 DEFAULT_PART_SIZE = 32 << 20
 DEFAULT_WORKERS = 8

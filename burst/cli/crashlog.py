@@ -1,0 +1,47 @@
+"""Where a bug's traceback goes: a private log file, not the user's terminal.
+
+An expected failure is one ``Error:`` line. A bug (any other exception) still deserves a
+short message, but its traceback is what a maintainer needs, so it is written to
+``$BURST_LOG_DIR`` or ``$XDG_STATE_HOME/burst/logs/`` (``~/.local/state/burst/logs/``),
+owner-only, with every URL in it stripped of credentials, and the message names the file.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import traceback
+from datetime import UTC, datetime
+from pathlib import Path
+
+from burst.env.redact import scrub_text
+
+LOG_DIR_ENV = "BURST_LOG_DIR"
+
+
+def log_dir() -> Path:
+    explicit = os.environ.get(LOG_DIR_ENV)
+    if explicit:
+        return Path(explicit).expanduser()
+    state = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(state) / "burst" / "logs"
+
+
+def write(error: BaseException, argv: list[str] | None = None) -> Path | None:
+    """Write ``error``'s traceback to a new log file; its path, or None if none could be."""
+    from burst import __version__
+
+    now = datetime.now(UTC)
+    lines = [f"burst {__version__}, python {sys.version.split()[0]}, {now.isoformat()}",
+             "command: " + " ".join(argv if argv is not None else sys.argv), "",
+             *traceback.format_exception(error)]
+    try:
+        directory = log_dir()
+        directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = directory / f"crash-{now.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(scrub_text("\n".join(line.rstrip("\n") for line in lines)) + "\n")
+    except OSError:
+        return None
+    return path

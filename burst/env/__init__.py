@@ -1,0 +1,1 @@
+"""A run's software environment: freeze it, record it, rebuild it on another node, check it."""

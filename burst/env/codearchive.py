@@ -1,0 +1,398 @@
+"""The training code as a content-addressed archive that rebuilds the tree on another node.
+
+In a git repository the archive holds what ``git`` would call the working tree: tracked
+files as they are on disk (so uncommitted edits are in) plus untracked files git does not
+ignore. The commit, branch and remote (credentials stripped) and the uncommitted diff are
+recorded beside it, for people; the archive alone restores the code, so the new node
+needs no access to the repository. Outside a repository the directory itself is archived.
+
+Never captured: anything under ``.git/``, secret files by name (``.env``, ``*.pem``,
+``id_*``, ``.netrc`` ... see :mod:`burst.redact`), any file holding a PEM private key,
+virtual environments, caches and the local store. ``.burstignore`` (gitignore-like
+patterns, one a line) excludes more.
+
+The tar is deterministic (sorted members, fixed mtime, uid 0, no user names), so its
+SHA-256 names it and an unchanged tree is never uploaded twice: ``<run>/code/<hash>.tar.gz``.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import gzip
+import hashlib
+import io
+import json
+import os
+import stat
+import subprocess
+import tarfile
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from burst.env.redact import holds_private_key, is_secret_path, scrub_text, strip_url
+from burst.errors import BurstError, ConfigError, SnapshotError
+from burst.store.base import Store
+
+DEFAULT_MAX_BYTES = 64 << 20
+MAX_BYTES_ENV = "BURST_CODE_MAX_BYTES"
+# 1980-01-02 UTC: late enough that a zip built from restored files (a wheel of an editable
+# project) never meets a pre-1980 timestamp in any time zone.
+FIXED_MTIME = 315_619_200
+_SKIP_DIRS = {".git", "__pycache__", ".burst", ".mypy_cache", ".pytest_cache", ".ruff_cache",
+              ".tox", ".nox", ".ipynb_checkpoints", "node_modules", ".eggs", ".hg", ".svn"}
+_SKIP_SUFFIXES = (".pyc", ".pyo")
+
+
+class CodeTooLarge(BurstError):
+    """The tree to archive exceeds the size cap."""
+
+
+@dataclass
+class Captured:
+    """An archive ready to upload, and what it is."""
+
+    tar_gz: bytes
+    digest: str  # sha256 of the uncompressed tar
+    files: int
+    size: int  # uncompressed bytes of file content
+    root: str  # the archived directory on this machine (not stored)
+    git: dict[str, Any] | None = None
+    diff: bytes = b""
+    skipped: list[dict[str, str]] = field(default_factory=list)
+    cwd: str = "."  # the working directory, relative to the root
+
+    def ref(self) -> dict[str, Any]:
+        """The small record a manifest keeps: enough to fetch and trust the archive."""
+        ref: dict[str, Any] = {"archive": self.digest, "files": self.files, "bytes": self.size,
+                               "cwd": self.cwd, "git": self.git,
+                               "skipped": [s["path"] for s in self.skipped]}
+        if self.diff:
+            ref["diff"] = hashlib.sha256(self.diff).hexdigest()
+        return ref
+
+
+def capture(start: Path | str | None = None, *, max_bytes: int | None = None,
+            exclude: Iterable[Path] = ()) -> Captured:
+    """Archive the project around ``start`` (default: the current directory)."""
+    start = Path(start or Path.cwd()).resolve()
+    cap = _max_bytes(max_bytes)
+    top = _git(start, "rev-parse", "--show-toplevel")
+    root = Path(top).resolve() if top else start
+    _refuse_home(root)
+    excluded = [Path(p).resolve() for p in exclude]
+    candidates = _git_files(root) if top else _walk(root)
+    ignore = _burstignore(root)
+    files, skipped = _select(root, candidates, excluded, ignore)
+    _check_size(root, files, cap)
+    tar, size = _tar(root, files, skipped)
+    digest = hashlib.sha256(tar).hexdigest()
+    git = _git_info(root) if top else None
+    diff = _diff(root, files) if top and git and git.get("dirty") else b""
+    return Captured(gzip.compress(tar, compresslevel=6, mtime=0), digest, len(files), size,
+                    str(root), git, diff, skipped, start.relative_to(root).as_posix())
+
+
+def _max_bytes(value: int | None) -> int:
+    if value is not None:
+        return value
+    raw = os.environ.get(MAX_BYTES_ENV)
+    if not raw:
+        return DEFAULT_MAX_BYTES
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"${MAX_BYTES_ENV} must be a number of bytes") from None
+
+
+def _refuse_home(root: Path) -> None:
+    """A home directory or / is never a project: archiving it would sweep up everything."""
+    if root in (Path.home().resolve(), Path("/")):
+        raise ConfigError(f"refusing to archive {root} as training code: run from the "
+                          f"project directory (or a git repository)")
+
+
+# -- choosing files ----------------------------------------------------------------------
+
+def _git(cwd: Path, *args: str) -> str | None:
+    try:
+        done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True,
+                              timeout=60, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def _git_files(root: Path) -> list[str]:
+    """Tracked and untracked-not-ignored paths, as git sees them (no ``.git/``)."""
+    done = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+                           "--exclude-standard"], capture_output=True, timeout=120, check=False)
+    if done.returncode != 0:
+        raise BurstError(f"git ls-files failed in {root}: "
+                         f"{scrub_text(done.stderr.decode(errors='replace').strip())}")
+    return sorted({p for p in done.stdout.decode("utf-8", "surrogateescape").split("\0") if p})
+
+
+def _walk(root: Path) -> Iterator[str]:
+    for dirpath, dirnames, filenames in os.walk(root):
+        here = Path(dirpath)
+        keep = []
+        for name in dirnames:
+            if (here / name).is_symlink():
+                filenames.append(name)  # archived as a link, never followed
+            elif name not in _SKIP_DIRS:
+                keep.append(name)
+        dirnames[:] = sorted(keep)
+        for name in filenames:
+            yield (here / name).relative_to(root).as_posix()
+
+
+def _burstignore(root: Path) -> list[str]:
+    try:
+        lines = (root / ".burstignore").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+    return [line.strip() for line in lines if line.strip() and not line.startswith("#")]
+
+
+def _ignored(relpath: str, patterns: list[str]) -> bool:
+    parts = relpath.split("/")
+    for pattern in patterns:
+        bare = pattern.strip("/")
+        if "/" in bare:
+            if fnmatch.fnmatchcase(relpath, bare) or relpath.startswith(bare + "/"):
+                return True
+        elif any(fnmatch.fnmatchcase(part, bare) for part in parts):
+            return True
+    return False
+
+
+def _select(root: Path, candidates: Iterable[str], excluded: list[Path],
+            ignore: list[str]) -> tuple[list[str], list[dict[str, str]]]:
+    """The files to archive, and the ones left out for a reason a user should see."""
+    files, skipped = [], []
+    venvs: set[str] = set()
+    for rel in sorted(candidates):
+        path = root / rel
+        parts = rel.split("/")
+        if any(part in _SKIP_DIRS for part in parts[:-1]) or rel.endswith(_SKIP_SUFFIXES):
+            continue
+        if any(rel.startswith(v + "/") for v in venvs) or _in_venv(root, parts, venvs):
+            continue
+        if any(_under(path, e) for e in excluded) or _ignored(rel, ignore):
+            continue
+        if is_secret_path(rel):
+            skipped.append({"path": rel, "reason": "secret file name"})
+            continue
+        if path.is_symlink():
+            if _safe_link(root, path):
+                files.append(rel)
+            else:
+                skipped.append({"path": rel, "reason": "symlink leaving the project"})
+            continue
+        if not path.is_file():
+            if path.is_dir():
+                skipped.append({"path": rel, "reason": "git submodule (not archived)"})
+            continue  # deleted in the working tree: absent, as on disk
+        if _holds_key(path):
+            skipped.append({"path": rel, "reason": "contains a private key"})
+            continue
+        files.append(rel)
+    return files, skipped
+
+
+def _in_venv(root: Path, parts: list[str], venvs: set[str]) -> bool:
+    for depth in range(1, len(parts)):
+        prefix = "/".join(parts[:depth])
+        if (root / prefix / "pyvenv.cfg").is_file():
+            venvs.add(prefix)
+            return True
+    return False
+
+
+def _under(path: Path, parent: Path) -> bool:
+    try:
+        path.resolve().relative_to(parent)
+    except ValueError:
+        return False
+    return True
+
+
+def _safe_link(root: Path, path: Path) -> bool:
+    target = os.readlink(path)
+    if os.path.isabs(target):
+        return False
+    resolved = os.path.normpath(os.path.join(os.path.dirname(path), target))
+    return resolved == str(root) or resolved.startswith(str(root) + os.sep)
+
+
+def _holds_key(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return holds_private_key(f.read(1 << 20))
+    except OSError:
+        return False
+
+
+def _check_size(root: Path, files: list[str], cap: int) -> None:
+    sizes = {rel: (root / rel).lstat().st_size for rel in files}
+    total = sum(sizes.values())
+    if total <= cap:
+        return
+    largest = sorted(sizes.items(), key=lambda kv: -kv[1])[:5]
+    listing = ", ".join(f"{rel} ({_mib(n)})" for rel, n in largest)
+    raise CodeTooLarge(
+        f"the code to archive is {_mib(total)} in {len(files)} files, over the {_mib(cap)} cap; "
+        f"largest: {listing}. Exclude data and checkpoints with .gitignore or .burstignore, "
+        f"or raise the cap with ${MAX_BYTES_ENV} / --max-code-bytes")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+# -- the archive -------------------------------------------------------------------------
+
+def _tar(root: Path, files: list[str], skipped: list[dict[str, str]]) -> tuple[bytes, int]:
+    buffer = io.BytesIO()
+    total = 0
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel in files:
+            path = root / rel
+            info = tarfile.TarInfo(rel)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = FIXED_MTIME, 0, 0, "", ""
+            mode = path.lstat().st_mode
+            if stat.S_ISLNK(mode):
+                info.type, info.linkname, info.mode = tarfile.SYMTYPE, os.readlink(path), 0o777
+                tar.addfile(info)
+                continue
+            try:
+                data = path.read_bytes()
+            except OSError:
+                continue  # vanished while archiving: absent, as on disk
+            if holds_private_key(data):  # changed since it was checked: still never archived
+                skipped.append({"path": rel, "reason": "contains a private key"})
+                continue
+            info.size, info.mode = len(data), 0o755 if mode & 0o111 else 0o644
+            tar.addfile(info, io.BytesIO(data))
+            total += len(data)
+    return buffer.getvalue(), total
+
+
+def _git_info(root: Path) -> dict[str, Any]:
+    remote = _git(root, "config", "--get", "remote.origin.url")
+    status = _git(root, "status", "--porcelain", "--untracked-files=normal")
+    return {"commit": _git(root, "rev-parse", "--verify", "-q", "HEAD"),
+            "branch": _git(root, "symbolic-ref", "--short", "-q", "HEAD"),
+            "remote": strip_url(remote) if remote else None,
+            "dirty": bool(status)}
+
+
+def _diff(root: Path, files: list[str]) -> bytes:
+    """``git diff HEAD`` of the archived (so never secret) and of the deleted tracked files."""
+    changed = _git(root, "diff", "HEAD", "--name-only", "-z")
+    if not changed:
+        return b""
+    archived = set(files)
+    keep = sorted(p for p in changed.split("\0") if p in archived or (
+        p and not is_secret_path(p) and not (root / p).exists()))  # deleted files too
+    if not keep:
+        return b""
+    done = subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--binary", "--", *keep],
+                          capture_output=True, timeout=120, check=False)
+    return done.stdout if done.returncode == 0 else b""
+
+
+# -- the store ---------------------------------------------------------------------------
+
+def archive_key(run_id: str, digest: str) -> str:
+    return f"{run_id}/code/{digest}.tar.gz"
+
+
+def diff_key(run_id: str, digest: str) -> str:
+    return f"{run_id}/code/{digest}.patch"
+
+
+def latest_key(run_id: str) -> str:
+    return f"{run_id}/code/latest.json"
+
+
+def upload(store: Store, run_id: str, captured: Captured) -> tuple[dict[str, Any], bool]:
+    """Put the archive (only if the store lacks it), its diff, and the run's newest code
+    reference; return the reference and whether the archive was new."""
+    ref = captured.ref()
+    new = store.size(archive_key(run_id, captured.digest)) is None
+    if new:
+        new = store.put_if_absent(archive_key(run_id, captured.digest), captured.tar_gz)
+    if captured.diff and store.size(diff_key(run_id, ref["diff"])) is None:
+        store.put_if_absent(diff_key(run_id, ref["diff"]), captured.diff)
+    store.put(latest_key(run_id), json.dumps(ref, sort_keys=True, indent=1).encode())
+    return ref, new
+
+
+def latest_ref(store: Store, run_id: str) -> dict[str, Any] | None:
+    try:
+        ref = json.loads(store.get(latest_key(run_id)))
+    except (KeyError, ValueError):
+        return None
+    return ref if isinstance(ref, dict) else None
+
+
+def restore(store: Store, run_id: str, ref: dict[str, Any], dest: Path | str) -> list[str]:
+    """Unpack the archive ``ref`` names into ``dest``; return the restored paths.
+
+    The archive's bytes must hash to its name, and extraction uses tarfile's ``data``
+    filter: no absolute paths, no ``..``, no links out of ``dest``, no device files.
+    """
+    digest = str(ref.get("archive", ""))
+    try:
+        packed = store.get(archive_key(run_id, digest))
+    except (KeyError, SnapshotError):
+        raise SnapshotError(f"code archive {digest[:12] or '?'} of run {run_id!r} is not in "
+                            f"{store.url}") from None
+    return unpack(packed, digest, dest, limit=int(ref.get("bytes", 0)) * 2 + (16 << 20))
+
+
+def unpack(packed: bytes, digest: str, dest: Path | str, limit: int) -> list[str]:
+    try:
+        with gzip.GzipFile(fileobj=io.BytesIO(packed)) as stream:
+            tar_bytes = stream.read(limit + 1)
+    except (OSError, EOFError) as error:
+        raise SnapshotError(f"code archive {digest[:12]} is corrupt: {error}") from None
+    if len(tar_bytes) > limit or hashlib.sha256(tar_bytes).hexdigest() != digest:
+        raise SnapshotError(f"code archive {digest[:12]} does not match its hash: refusing it")
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    try:
+        with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:") as tar:
+            members = tar.getmembers()
+            for member in members:
+                _clear_link(dest, member)
+            tar.extractall(dest, members=members, filter="data")
+    except tarfile.TarError as error:
+        raise SnapshotError(f"code archive {digest[:12]} is unsafe or corrupt: {error}") from None
+    return [m.name for m in members]
+
+
+def _clear_link(dest: Path, member: tarfile.TarInfo) -> None:
+    """An existing link at a member's path is replaced, never written through. Only paths
+    that stay inside ``dest`` are touched; the others make the data filter refuse."""
+    target = dest / member.name
+    root = dest.resolve()
+    if member.name.startswith("/") or ".." in member.name.split("/"):
+        return
+    if not _under(target.parent, root):
+        return
+    if target.is_symlink() or (member.issym() and target.is_file()):
+        target.unlink()
+
+
+def describe(ref: dict[str, Any]) -> dict[str, Any]:
+    """A flat summary of a code reference for printing."""
+    git = ref.get("git") or {}
+    return {"archive": ref.get("archive"), "files": ref.get("files"), "bytes": ref.get("bytes"),
+            "commit": git.get("commit"), "branch": git.get("branch"),
+            "remote": git.get("remote"), "dirty": git.get("dirty"),
+            "skipped": ref.get("skipped", [])}
+

@@ -1,0 +1,228 @@
+"""Freezing a run: its lockfile and its code archive into the run's ``env/`` and ``code/``.
+
+``burst freeze`` calls :func:`freeze`; a :class:`burst.Run` calls :func:`freeze_run` when it
+takes its first snapshot, so every snapshot manifest can name the environment and code it
+was taken with. For a training run this is a side job that must never stop training: any
+failure becomes a warning and a ``freeze-failed`` event, and the manifest records ``None``.
+
+The work is done once per process for a run (and the lockfile once per process at all),
+so later snapshots pay a dictionary lookup. Only the local work (metadata, git, tar) runs
+before the hashes are known; the uploads go on in a background thread, drained at exit.
+Set ``BURST_FREEZE=0`` to switch the automatic freeze off, ``BURST_FREEZE=env`` to freeze
+the environment without the code.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from burst import events
+from burst.env import codearchive, lockfile
+from burst.env.redact import scrub_text
+from burst.errors import BurstError
+from burst.snapshot import tiers as snapshot
+from burst.store.base import Store
+
+FREEZE_ENV = "BURST_FREEZE"
+
+
+class FreezeWarning(UserWarning):
+    """The environment or code of a run could not be frozen; training goes on."""
+
+
+@dataclass
+class FreezeResult:
+    """What a snapshot manifest records about the environment and the code."""
+
+    lockfile_hash: str | None
+    code_ref: dict[str, Any] | None
+    lockfile_new: bool = False
+    code_new: bool = False
+    problems: list[str] = field(default_factory=list)
+
+
+def freeze(store: Store, run_id: str, *, code_dir: Path | str | None = None,
+           code: bool = True, max_code_bytes: int | None = None,
+           lock: lockfile.Lockfile | None = None) -> FreezeResult:
+    """Freeze now and store it; raise ``BurstError`` on a problem a user must fix."""
+    root = Path(code_dir).resolve() if code_dir else default_code_dir()
+    lock = lock or lockfile.build(root)
+    known = store.size(lockfile.key(run_id, lock.digest)) is not None
+    digest = lockfile.save(store, run_id, lock)
+    result = FreezeResult(digest, None, lockfile_new=not known)
+    if code:
+        captured = codearchive.capture(root, max_bytes=max_code_bytes,
+                                       exclude=_local_store_root(store))
+        result.code_ref, result.code_new = codearchive.upload(store, run_id, captured)
+    events.append(store, run_id, "freeze", lockfile_hash=digest,
+                  code_archive=(result.code_ref or {}).get("archive"),
+                  code_skipped=(result.code_ref or {}).get("skipped", []))
+    return result
+
+
+def default_code_dir() -> Path:
+    """The project a training script belongs to: the current directory, unless the script
+    being run lives outside it (``python /path/to/proj/train.py`` from elsewhere)."""
+    cwd = Path.cwd().resolve()
+    main = getattr(sys.modules.get("__main__"), "__file__", None)
+    if main:
+        script_dir = Path(main).resolve().parent
+        installed = {Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()}
+        if installed & {script_dir, *script_dir.parents}:
+            return cwd  # an installed tool's entry point (pytest, a launcher), not the project
+        if cwd not in (script_dir, *script_dir.parents):
+            return script_dir
+    return cwd
+
+
+def _local_store_root(store: Store) -> list[Path]:
+    """A store on local disk may sit inside the project (``./.burst``): never archive it."""
+    root = getattr(store, "root", None)
+    return [Path(root)] if isinstance(root, str | os.PathLike) else []
+
+
+# -- the automatic freeze of a Run -------------------------------------------------------
+
+_CACHE: dict[tuple[str, str], FreezeResult] = {}
+_LOCKS: dict[tuple[str, str], threading.Lock] = {}
+_GUARD = threading.Lock()
+_LOCKFILE: list[lockfile.Lockfile] = []
+_UPLOADS: list[threading.Thread] = []
+EXIT_WAIT_SECONDS = 120.0
+
+
+def freeze_run(store: Store, run_id: str) -> FreezeResult:
+    """The run's frozen environment and code, frozen on the first call; never raises.
+
+    Thread-safe: a call while another is freezing waits for it, so :func:`prefetch` in
+    the background and the first snapshot in the training loop do the work once. The
+    uploads run in a daemon thread after the hashes are known; a failed upload is a
+    warning and a ``freeze-failed`` event, like a failed freeze.
+    """
+    cache_key = (store.url, run_id)
+    with _GUARD:
+        if cache_key in _CACHE:
+            return _CACHE[cache_key]
+        lock = _LOCKS.setdefault(cache_key, threading.Lock())
+    with lock:
+        if cache_key not in _CACHE:
+            _CACHE[cache_key] = _freeze_quietly(store, run_id)
+        return _CACHE[cache_key]
+
+
+def prefetch(store: Store, run_id: str) -> None:
+    """Start :func:`freeze_run` in a daemon thread, so the first snapshot need not wait."""
+    if _mode() != "off":
+        threading.Thread(target=freeze_run, args=(store, run_id), daemon=True,
+                         name="burst-freeze").start()
+
+
+def _mode() -> str:
+    value = os.environ.get(FREEZE_ENV, "1").strip().lower()
+    if value in ("0", "off", "false", "no"):
+        return "off"
+    return "env" if value in ("env", "lockfile") else "all"
+
+
+def _freeze_quietly(store: Store, run_id: str) -> FreezeResult:
+    """Compute here (local work: metadata, git, tar), upload in the background: the
+    training thread waits for the hashes its manifest names, never for a slow store."""
+    mode = _mode()
+    if mode == "off":
+        return FreezeResult(None, None)
+    try:
+        if not _LOCKFILE:
+            _LOCKFILE.append(lockfile.build(default_code_dir()))
+        lock = _LOCKFILE[0]
+    except Exception as error:
+        return _failed(store, run_id, "environment", error, FreezeResult(None, None))
+    result = FreezeResult(lock.digest, None)
+    captured = None
+    if mode == "all":
+        try:
+            captured = codearchive.capture(default_code_dir(), exclude=_local_store_root(store))
+            result.code_ref = captured.ref()
+        except Exception as error:
+            _failed(store, run_id, "code", error, result)
+    thread = threading.Thread(target=_upload_quietly, name="burst-freeze-upload", daemon=True,
+                              args=(store, run_id, lock, captured, result))
+    thread.start()
+    with _GUARD:
+        _UPLOADS.append(thread)
+    return result
+
+
+def wait_uploads(timeout: float | None = None) -> bool:
+    """Block until the background freeze uploads are done; False if ``timeout`` ran out.
+    Runs at interpreter exit too (bounded), so a short run still leaves its lockfile."""
+    deadline = None if timeout is None else time.monotonic() + timeout
+    with _GUARD:
+        pending = list(_UPLOADS)
+    for thread in pending:
+        thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+    with _GUARD:
+        _UPLOADS[:] = [t for t in _UPLOADS if t.is_alive()]
+        return not _UPLOADS
+
+
+atexit.register(wait_uploads, EXIT_WAIT_SECONDS)
+
+
+def _upload_quietly(store: Store, run_id: str, lock: lockfile.Lockfile,
+                    captured: codearchive.Captured | None, result: FreezeResult) -> None:
+    try:
+        lockfile.save(store, run_id, lock)
+    except Exception as error:
+        _failed(store, run_id, "environment", error, result)
+    if captured is not None:
+        try:
+            _, result.code_new = codearchive.upload(store, run_id, captured)
+        except Exception as error:
+            _failed(store, run_id, "code", error, result)
+    # no success event: every manifest names the freeze; only failures are news
+
+
+def _failed(store: Store, run_id: str, what: str, error: Exception,
+            result: FreezeResult) -> FreezeResult:
+    detail = str(error) if isinstance(error, BurstError) else f"{type(error).__name__}: {error}"
+    message = scrub_text(f"burst could not freeze the run's {what}: {detail}")
+    result.problems.append(message)
+    warnings.warn(message + " (training continues; `burst freeze` retries by hand)",
+                  FreezeWarning, stacklevel=3)
+    with contextlib.suppress(Exception):
+        events.append(store, run_id, "freeze-failed", what=what, error=message)
+    return result
+
+
+def reset_cache() -> None:
+    """Forget every frozen run (tests; a long-lived process that changed its code)."""
+    with _GUARD:
+        _CACHE.clear()
+        _LOCKS.clear()
+        _LOCKFILE.clear()
+
+
+# -- reading a frozen run back -----------------------------------------------------------
+
+def load_frozen(store: Store, run_id: str, step: int | None = None
+                ) -> tuple[lockfile.Lockfile, dict[str, Any] | None]:
+    """The lockfile and code reference a run resumes with: those its snapshot (default: the
+    newest) names, else the newest frozen ones."""
+    manifest = snapshot.read_manifest(store, run_id, step)
+    digest = (manifest or {}).get("lockfile_hash")
+    code_ref = (manifest or {}).get("code_ref")
+    if isinstance(digest, str) and store.size(lockfile.key(run_id, digest)) is None:
+        digest = None  # its upload did not finish (the run died first): the newest one
+    lock = lockfile.load(store, run_id, digest if isinstance(digest, str) else None)
+    if not isinstance(code_ref, dict):
+        code_ref = codearchive.latest_ref(store, run_id)
+    return lock, code_ref

@@ -1,0 +1,254 @@
+"""The frozen environment of a run: every installed distribution pinned, plus where it came
+from and what machine it ran on.
+
+A lockfile is read from the running interpreter's own metadata (``importlib.metadata``),
+never by running whatever ``pip`` happens to be on PATH, which may belong to another
+environment. It is canonical JSON, so the same environment always gives the same bytes and
+the same SHA-256: the *lockfile hash* a snapshot manifest records. In the store it lives
+content-addressed at ``<run>/env/lock-<hash>.json``, with the newest also at
+``<run>/env/lockfile.json``.
+
+Editable and local-path installs cannot be installed on another machine from a name and a
+version. The lockfile marks them ``installable: false``; the project code reaches the new
+node as the code archive instead (see :mod:`burst.codearchive`), and an editable install
+that lies inside the archived tree says where (``in_code``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field, fields
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+from burst.env import machine as envfacts
+from burst.env import pkgindex
+from burst.env.redact import strip_url
+from burst.errors import BurstError
+from burst.snapshot.format import FORMAT_VERSION
+from burst.store.base import Store
+
+LOCKFILE_VERSION = 1
+TORCH_FAMILY = ("torch", "torchvision", "torchaudio")
+# Distributions a torch wheel pins for its own CUDA/ROCm build: they change with the build
+# variant and must not be carried over when the variant is translated for another card.
+_COUPLED = re.compile(r"^(nvidia-(?!ml-py).*|triton|pytorch-triton.*|cuda-(bindings|pathfinder|"
+                      r"toolkit|python)|torch-.*-cu\d+)$")
+
+
+class LockfileError(BurstError):
+    """A lockfile is missing, unreadable, or from an incompatible burst."""
+
+
+@dataclass(frozen=True)
+class Package:
+    """One installed distribution, pinned."""
+
+    name: str  # normalized (PEP 503)
+    version: str
+    source: str = "index"  # index | editable | local | url | vcs
+    url: str | None = None  # stripped of credentials; vcs: "git+https://...@<commit>"
+    installable: bool = True  # False: only this machine can install it (a local path)
+    in_code: str | None = None  # editable/local dir inside the code archive: its path there
+    torch_coupled: bool = False  # pinned by torch's build variant (nvidia-*, triton)
+
+    def requirement(self) -> str:
+        """The pip requirement that reinstalls exactly this distribution elsewhere."""
+        if self.source in ("url", "vcs") and self.url:
+            return f"{self.name} @ {self.url}"
+        return f"{self.name}=={self.version}"
+
+
+@dataclass
+class Lockfile:
+    """Everything needed to rebuild (or check) a run's environment on another machine."""
+
+    packages: list[Package]
+    python: dict[str, str] = field(default_factory=dict)
+    platform: dict[str, str] = field(default_factory=dict)
+    torch: dict[str, Any] | None = None
+    gpu: dict[str, Any] | None = None
+    indexes: list[dict[str, str]] = field(default_factory=list)
+    burst: dict[str, Any] = field(default_factory=dict)
+    version: int = LOCKFILE_VERSION
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["packages"] = [_compact(p) for p in self.packages]
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Lockfile:
+        if not isinstance(data, dict) or data.get("version") != LOCKFILE_VERSION:
+            found = data.get("version") if isinstance(data, dict) else type(data).__name__
+            raise LockfileError(f"unsupported lockfile version {found!r} (this burst reads "
+                                f"version {LOCKFILE_VERSION}): upgrade burst on this node")
+        known = {f.name for f in fields(Package)}
+        packages = [Package(**{k: v for k, v in p.items() if k in known})
+                    for p in data.get("packages", [])]
+        rest = {k: v for k, v in data.items() if k in {f.name for f in fields(cls)}}
+        rest["packages"] = packages
+        return cls(**rest)
+
+    def dumps(self) -> bytes:
+        """Canonical bytes: sorted keys, fixed separators, so equal content hashes equal."""
+        return (json.dumps(self.to_json(), sort_keys=True, indent=1) + "\n").encode()
+
+    @property
+    def digest(self) -> str:
+        return hashlib.sha256(self.dumps()).hexdigest()
+
+    def package(self, name: str) -> Package | None:
+        wanted = normalize(name)
+        return next((p for p in self.packages if p.name == wanted), None)
+
+    def torch_index_template(self) -> str | None:
+        return (self.torch or {}).get("index_template")
+
+
+def loads(data: bytes | str) -> Lockfile:
+    try:
+        return Lockfile.from_json(json.loads(data))
+    except (ValueError, TypeError) as error:
+        raise LockfileError(f"not a burst lockfile: {error}") from None
+
+
+def normalize(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# -- building ----------------------------------------------------------------------------
+
+def build(code_root: Path | None = None, *, paths: list[str] | None = None,
+          with_torch: bool = True, with_gpu: bool = True) -> Lockfile:
+    """Freeze the running interpreter. ``paths`` (tests) reads distributions from other
+    directories; ``code_root`` is the archived project, to tie editable installs to it."""
+    indexes = pkgindex.configured_indexes(project_dir=code_root)
+    packages = collect_packages(paths, code_root)
+    torch = envfacts.torch_facts() if with_torch else None
+    if torch is not None:
+        torch["index_template"] = pkgindex.torch_index_template(indexes)
+    gpu = envfacts.detect_gpu() if with_gpu else None
+    from burst import __version__
+
+    return Lockfile(packages=packages, python=envfacts.python_facts(),
+                    platform=envfacts.platform_facts(), torch=torch,
+                    gpu=gpu.to_json() if gpu else None,
+                    indexes=[i.to_json() for i in indexes],
+                    burst={"version": __version__, "snapshot_format": FORMAT_VERSION})
+
+
+def collect_packages(paths: list[str] | None = None,
+                     code_root: Path | None = None) -> list[Package]:
+    """Every distribution importable here, sorted. Where one is found twice, an installed
+    one (``.dist-info``) beats a source tree's ``.egg-info`` that the current directory
+    put on ``sys.path``; otherwise the first one wins, as for ``import``."""
+    dists: dict[str, metadata.Distribution] = {}
+    for dist in metadata.distributions(**({"path": paths} if paths is not None else {})):
+        name = dist.metadata["Name"] if dist.metadata else None
+        if not name:
+            continue
+        seen = dists.get(normalize(name))
+        if seen is None or (not _installed(seen) and _installed(dist)):
+            dists[normalize(name)] = dist
+    coupled = _torch_requirements(dists.get("torch"))
+    return [_package(name, dist, code_root, name in coupled or bool(_COUPLED.match(name)))
+            for name, dist in sorted(dists.items())]
+
+
+def _installed(dist: metadata.Distribution) -> bool:
+    return str(getattr(dist, "_path", "")).endswith(".dist-info")
+
+
+def _torch_requirements(torch: metadata.Distribution | None) -> set[str]:
+    """Names torch's own metadata pins for its build (``nvidia-cublas-cu12`` ...)."""
+    coupled = set()
+    for requirement in (torch.requires or []) if torch else []:
+        name = normalize(re.split(r"[\s;<>=!~\[(@]", requirement, maxsplit=1)[0])
+        if _COUPLED.match(name):
+            coupled.add(name)
+    return coupled
+
+
+def _package(name: str, dist: metadata.Distribution, code_root: Path | None,
+             coupled: bool) -> Package:
+    version = dist.version
+    try:
+        direct = json.loads(dist.read_text("direct_url.json") or "null")
+    except ValueError:
+        direct = None
+    if not isinstance(direct, dict) or not isinstance(direct.get("url"), str):
+        return Package(name, version, torch_coupled=coupled)
+    url = direct["url"]
+    if "vcs_info" in direct:
+        vcs = direct["vcs_info"]
+        commit = vcs.get("commit_id", "")
+        return Package(name, version, "vcs", f"{vcs.get('vcs', 'git')}+{strip_url(url)}@{commit}")
+    if url.startswith("file:"):
+        editable = bool(direct.get("dir_info", {}).get("editable"))
+        path = Path(unquote(urlsplit(url).path))
+        return Package(name, version, "editable" if editable else "local", url=path.as_posix(),
+                       installable=False, in_code=_inside(path, code_root))
+    return Package(name, version, "url", strip_url(url), torch_coupled=coupled)
+
+
+def _inside(path: Path, root: Path | None) -> str | None:
+    if root is None:
+        return None
+    try:
+        return path.resolve().relative_to(root.resolve()).as_posix()
+    except ValueError:
+        return None
+
+
+def _compact(package: Package) -> dict[str, Any]:
+    """Only the fields that differ from the defaults: keeps a lockfile readable."""
+    defaults = Package("", "")
+    data = {"name": package.name, "version": package.version}
+    for f in fields(Package):
+        value = getattr(package, f.name)
+        if f.name not in data and value != getattr(defaults, f.name):
+            data[f.name] = value
+    return data
+
+
+def requirements(packages: Iterable[Package]) -> list[str]:
+    return [p.requirement() for p in packages if p.installable]
+
+
+# -- the store ---------------------------------------------------------------------------
+
+def key(run_id: str, digest: str) -> str:
+    return f"{run_id}/env/lock-{digest}.json"
+
+
+def latest_key(run_id: str) -> str:
+    return f"{run_id}/env/lockfile.json"
+
+
+def save(store: Store, run_id: str, lock: Lockfile) -> str:
+    """Store the lockfile under its hash (once) and as the run's newest; return the hash."""
+    data, digest = lock.dumps(), lock.digest
+    if store.size(key(run_id, digest)) is None:
+        store.put_if_absent(key(run_id, digest), data)
+    store.put(latest_key(run_id), data)
+    return digest
+
+
+def load(store: Store, run_id: str, digest: str | None = None) -> Lockfile:
+    """The lockfile ``digest`` of a run (checked against its hash), or the newest one."""
+    name = key(run_id, digest) if digest else latest_key(run_id)
+    try:
+        data = store.get(name)
+    except KeyError:
+        raise LockfileError(f"run {run_id!r} has no frozen environment in {store.url} "
+                            f"(missing {name}): run `burst freeze {run_id}` where it trains"
+                            ) from None
+    if digest and hashlib.sha256(data).hexdigest() != digest:
+        raise LockfileError(f"lockfile {name} does not match its hash: the store is corrupt")
+    return loads(data)

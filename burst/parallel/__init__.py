@@ -1,0 +1,31 @@
+"""Several ranks: the process group, a step's partition across ranks, sharded state.
+
+A training script on several ranks uses three names from here::
+
+    import burst.parallel
+    burst.parallel.init_from_env()              # torchrun's or SkyPilot's variables
+    for x, y in burst.parallel.accumulate(step, model): ...
+    burst.parallel.torchrun_shell("train.py")   # a SkyPilot task's ``run:`` line
+
+They load on first use (PEP 562), so the pure modules here (``partition``) import
+without torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+_PUBLIC = ("init_from_env", "accumulate", "torchrun_shell", "torchrun_command")
+
+if TYPE_CHECKING:
+    from burst.parallel.group import accumulate, init_from_env, torchrun_command, torchrun_shell
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PUBLIC:
+        return getattr(importlib.import_module("burst.parallel.group"), name)
+    raise AttributeError(f"module 'burst.parallel' has no attribute {name!r}")
+
+
+__all__ = list(_PUBLIC)

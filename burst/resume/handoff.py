@@ -1,0 +1,321 @@
+"""``burst resume``: continue a stopped run somewhere else, from its newest snapshot.
+
+The steps, each of which can stop the resume with a one-line reason before anything is
+launched:
+
+1. a newer snapshot in the local tier (the crash happened before its upload) is pushed;
+2. the newest complete snapshot in the store is the starting point;
+3. the environment record is checked: a node can only rebuild a run that was frozen;
+4. the planner ranks where the run fits (spot first, then on-demand; cards, places);
+5. the task is rendered from ``templates/`` and parsed back with SkyPilot's parser;
+6. a launcher runs it (SkyPilot, an SSH box, or the local stub) and streams progress.
+
+Launch and its end are events in the run's history, so ``burst status`` can say where the
+run went. Credentials travel as SkyPilot secrets: names in the task, values only in memory.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+from burst import events
+from burst.env import freeze
+from burst.env.lockfile import LockfileError
+from burst.errors import BurstError, ConfigError, SnapshotError
+from burst.launch import Launcher, LaunchResult, Reporter
+from burst.launch.task import NodeSoftware, RenderedTask, TaskSpec, render
+from burst.plan import planner
+from burst.plan.replan import Replan, replan
+from burst.resume.node import PLAN_AMP_ENV, PLAN_MARGIN_ENV, PLAN_MICRO_ENV
+from burst.snapshot import sync
+from burst.snapshot import tiers as snapshot
+from burst.store import Store, is_local, open_store
+from burst.store.settings import OPTIONS, resolve
+
+SECRET_NAMES = {
+    "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
+    "oss": ("OSS_ACCESS_KEY_ID", "OSS_ACCESS_KEY_SECRET", "OSS_SESSION_TOKEN"),
+}
+PER_TIER = 16  # candidates kept per tier: SkyPilot tries each in turn, on failure
+LOCAL_ONLY_SETTINGS = ("profile",)  # names a file on this machine; the node gets the values
+
+
+@dataclass
+class Request:
+    """What the user asked for."""
+
+    run_id: str
+    store_url: str
+    local_url: str
+    cards: Sequence[str] = ()
+    region: str = "any"
+    infra: Sequence[str] = ()
+    counts: Sequence[int] = (1,)
+    nodes: int = 1
+    options: planner.Options = field(default_factory=planner.Options)
+    micro_batch: int | None = None
+    command: Sequence[str] = ()
+    software: NodeSoftware = field(default_factory=lambda: NodeSoftware(None, default_spec()))
+    secrets: Sequence[str] = ()  # extra environment variables to pass as secrets
+    managed: bool = True
+    max_restarts: int = 3
+    config: Mapping[str, Any] = field(default_factory=dict)
+    skypilot_catalog: bool = False
+    remote_node: bool = True  # False only for the local stub: it can read a local store
+    dry_run: bool = False  # show everything, change nothing (no push, no launch)
+
+
+@dataclass
+class Prepared:
+    """Everything decided before launching: what ``--dry-run`` shows."""
+
+    request: Request
+    store: Store
+    step: int
+    pushed: int | None
+    environment: dict[str, Any]
+    command: list[str]
+    plans: Replan
+    candidates: list[planner.Plan]
+    task: RenderedTask
+    secrets: dict[str, str] = field(repr=False)
+    warnings: list[str] = field(default_factory=list)
+
+
+def default_spec() -> str:
+    """What the node pip-installs to get burst: this version, from the package index."""
+    from burst import __version__
+
+    return os.environ.get("BURST_SPEC") or f"burst-failover=={__version__}"
+
+
+def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
+    """Steps 1 to 5: everything but the launch; raises on anything a launch would trip on."""
+    store = open_store(request.store_url)
+    warnings: list[str] = []
+    if request.remote_node and is_local(store):
+        unreachable = (f"the store {store.url} is on this machine, where a cloud or SSH node "
+                       "cannot read it: push the run to s3://, oss://, gs:// or sftp:// "
+                       "(burst push) and resume from there")
+        if not request.dry_run:
+            raise ConfigError(unreachable)
+        warnings.append(unreachable)
+    pushed = None if request.dry_run else push_newer_local(store, request, say)
+    manifest = snapshot.read_manifest(store, request.run_id)
+    if manifest is None:
+        raise SnapshotError(f"run {request.run_id!r} has no complete snapshot in {store.url}")
+    environment = environment_record(store, request, warnings)
+    command = list(request.command) or recorded_command(store, request)
+    plans = replan(store, request.run_id, cards=request.cards, region=request.region,
+                   infra=request.infra, counts=request.counts, nodes=request.nodes,
+                   options=request.options, config=request.config,
+                   skypilot=request.skypilot_catalog)
+    candidates = fitting(plans, request.micro_batch)
+    secrets, secret_warnings = secret_values(request)
+    warnings += secret_warnings
+    spec = TaskSpec(request.run_id, manifest["step"], str(manifest.get("reason", "?")),
+                    task_name(request.run_id), candidates, command, task_envs(request),
+                    sorted(secrets), request.software, request.managed, request.max_restarts)
+    task = render(spec)
+    _check_no_secret(task, secrets)
+    return Prepared(request, store, manifest["step"], pushed, environment, command, plans,
+                    candidates, task, secrets, warnings)
+
+
+def launch(prepared: Prepared, launcher: Launcher, report: Reporter) -> LaunchResult:
+    """Step 6: launch, stream, and record where the run went and how it ended."""
+    store, run_id = prepared.store, prepared.request.run_id
+    record = _recorder(store, run_id, report)
+    record("launch", to=launcher.kind, name=prepared.task.name, step=prepared.step,
+           candidates=[label(p) for p in prepared.candidates],
+           command=shlex.join(prepared.command))
+    report = Reporter(report.say, record, report.output)
+    result = launcher.launch(prepared.task, prepared.secrets, report)
+    record("launch-end", to=launcher.kind, where=result.where, returncode=result.returncode,
+           **result.details)
+    return result
+
+
+def _recorder(store: Store, run_id: str, report: Reporter) -> Callable[..., None]:
+    def record(name: str, /, **fields: Any) -> None:
+        try:
+            events.append(store, run_id, name, source="resume", **fields)
+        except Exception as exc:  # the history is worth less than the launch
+            report.say(f"could not record {name!r}: {exc}")
+        report.event(name, **fields)
+
+    return record
+
+
+# -- step 1: a newer local snapshot goes up first -----------------------------------------
+
+
+def push_newer_local(store: Store, request: Request, say: Callable[[str], None]) -> int | None:
+    """Push the local tier's newest snapshot if the store has nothing as new."""
+    if is_local(store) and Path(getattr(store, "root", "")) == Path(request.local_url):
+        return None
+    try:
+        local = open_store(request.local_url)
+    except BurstError:
+        return None
+    if local.url == store.url:
+        return None
+    local_steps = snapshot.list_steps(local, request.run_id)
+    remote_steps = snapshot.list_steps(store, request.run_id)
+    if not local_steps or (remote_steps and remote_steps[-1] >= local_steps[-1]):
+        return None
+    say(f"pushing the newer local snapshot {request.run_id}@{local_steps[-1]} to {store.url}")
+    sync.push(local, store, request.run_id)
+    return local_steps[-1]
+
+
+# -- step 3: the environment record -------------------------------------------------------
+
+
+def environment_record(store: Store, request: Request, warnings: list[str]) -> dict[str, Any]:
+    """The lockfile and code the node will rebuild; missing ones stop the resume unless
+    the node brings its own environment (``--node-python``)."""
+    try:
+        lock, code_ref = freeze.load_frozen(store, request.run_id)
+    except LockfileError as exc:
+        if request.software.python is None:
+            raise BurstError(f"{exc}; or pass --node-python for a node that already has the "
+                             "environment") from None
+        warnings.append(f"no frozen environment: the node's {request.software.python} is "
+                        "used unchecked")
+        return {"lockfile": None, "code": None}
+    torch = lock.package("torch")
+    not_portable = [p.name for p in lock.packages if not p.installable and p.in_code is None]
+    if not_portable:
+        warnings.append(f"not portable (the node cannot install them): "
+                        f"{', '.join(not_portable)}")
+    if not code_ref:
+        warnings.append("no code archive: the entry point must already be on the node")
+    return {"lockfile": lock.digest, "python": lock.python.get("version"),
+            "torch": torch.version if torch else None, "packages": len(lock.packages),
+            "not_portable": not_portable,
+            "code": (code_ref or {}).get("archive")}
+
+
+def recorded_command(store: Store, request: Request) -> list[str]:
+    """The entry point the agent last started (``burst run -- python train.py``)."""
+    history = events.read(store, request.run_id)
+    try:
+        local = open_store(request.local_url)
+        if local.url != store.url:
+            history += events.read(local, request.run_id)
+    except BurstError:
+        pass
+    starts = sorted((e for e in history if e.get("event") == "child-start" and e.get("command")),
+                    key=lambda e: str(e.get("time")))
+    if not starts:
+        raise ConfigError("the run's history names no training command: give it after --, "
+                          "e.g. burst resume RUN --to local -- python train.py")
+    command = shlex.split(str(starts[-1]["command"]))
+    if command and Path(command[0]).name.startswith("python"):
+        command[0] = "python"  # this machine's interpreter path means nothing on the node
+    return command
+
+
+# -- step 4: the candidates -----------------------------------------------------------------
+
+
+def fitting(plans: Replan, micro_batch: int | None) -> list[planner.Plan]:
+    """The fitting candidates in failover order (with a forced micro-batch applied).
+
+    Each tier (spot, then on-demand) keeps its first ``PER_TIER`` entries: a long spot
+    list must not push every on-demand fallback out of the task."""
+    chosen = [p for p in plans.plans if p.fits]
+    if not chosen:
+        plans.choose()  # raises the most useful reason
+    spot = [p for p in chosen if p.target.spot][:PER_TIER]
+    chosen = spot + [p for p in chosen if not p.target.spot][:PER_TIER]
+    if micro_batch is not None:
+        from burst.resume.node import _with_micro
+
+        chosen = [_with_micro(p, micro_batch) for p in chosen]
+    return chosen
+
+
+def label(plan: planner.Plan) -> str:
+    target = plan.target
+    return (f"{target.count}x {target.card.name}"
+            f"{f' x{target.nodes} nodes' if target.nodes > 1 else ''} at "
+            f"{target.place.label} ({'spot' if target.spot else 'on-demand'})")
+
+
+# -- step 5: envs and secrets ---------------------------------------------------------------
+
+
+def task_envs(request: Request) -> dict[str, str]:
+    """The run id, the store and its non-secret settings, the planning policy."""
+    url, options = resolve(request.store_url)
+    if urlparse(url).scheme in ("", "file"):
+        url = open_store(url).url  # absolute: the node's working directory is another
+    envs = {"BURST_RUN_ID": request.run_id, "BURST_STORE": url, "PYTHONUNBUFFERED": "1",
+            PLAN_AMP_ENV: request.options.amp, PLAN_MARGIN_ENV: str(request.options.margin)}
+    if request.micro_batch is not None:
+        envs[PLAN_MICRO_ENV] = str(request.micro_batch)
+    for name, value in options.items():
+        if name not in LOCAL_ONLY_SETTINGS and value is not None:
+            envs[OPTIONS[name]] = str(value)
+    return envs
+
+
+def secret_values(request: Request) -> tuple[dict[str, str], list[str]]:
+    """Credential values the node needs, read from this machine; never written anywhere."""
+    url, options = resolve(request.store_url)
+    scheme = urlparse(url).scheme.lower()
+    values = {n: os.environ[n] for n in SECRET_NAMES.get(scheme, ()) if os.environ.get(n)}
+    warnings = []
+    if scheme == "s3" and "AWS_ACCESS_KEY_ID" not in values:
+        values.update(_profile_credentials(options.get("profile")))
+    if scheme in SECRET_NAMES and not values and request.remote_node:
+        names = " and ".join(SECRET_NAMES[scheme][:2])
+        warnings.append(f"no {scheme} credentials here to pass on: set {names}, or the node "
+                        "must have its own (an instance role)")
+    if scheme in ("gs", "sftp") and request.remote_node:
+        warnings.append(f"{scheme}:// credentials are files; the node needs its own "
+                        "(burst never copies key files)")
+    for name in request.secrets:
+        if not os.environ.get(name):
+            raise ConfigError(f"--secret {name}: ${name} is not set here")
+        values[name] = os.environ[name]
+    return values, warnings
+
+
+def _profile_credentials(profile: str | None) -> dict[str, str]:
+    """Credentials of an AWS profile (local files only), so a profile user can resume."""
+    if not profile:
+        return {}
+    import boto3
+
+    credentials = boto3.Session(profile_name=profile).get_credentials()
+    if credentials is None:
+        return {}
+    frozen = credentials.get_frozen_credentials()
+    out = {"AWS_ACCESS_KEY_ID": frozen.access_key, "AWS_SECRET_ACCESS_KEY": frozen.secret_key}
+    if frozen.token:
+        out["AWS_SESSION_TOKEN"] = frozen.token
+    return out
+
+
+def _check_no_secret(task: RenderedTask, secrets: Mapping[str, str]) -> None:
+    """Defence in depth: a secret value in the YAML would end up in logs and dashboards."""
+    for name, value in secrets.items():
+        if len(value) >= 4 and value in task.yaml:
+            raise BurstError(f"refusing to launch: the value of secret {name} appears in the "
+                             "rendered task (a setting that should not hold it?)")
+
+
+def task_name(run_id: str) -> str:
+    """A SkyPilot-safe name: lower case letters, digits and dashes, starting with a letter."""
+    name = re.sub(r"[^a-z0-9-]+", "-", f"burst-{run_id}".lower()).strip("-")
+    return name[:48].rstrip("-")

@@ -1,0 +1,305 @@
+"""The node side of a resume: what ``burst node setup`` and ``burst node run`` do there.
+
+A resumed run lands on a machine burst has never seen. ``setup`` restores the run's code
+and builds its frozen environment (or, on a prepared node, checks the one that is there);
+``run`` pulls the newest complete snapshot, checks the environment again, re-plans the
+micro-batch, accumulation and precision for the card it actually finds (NVML; the launch
+side only guessed), and runs the user's entry point under the agent with that plan in the
+environment. New snapshots go to the same store and run id, so a failure here resumes
+again from there. Everything comes from the task's environment: ``BURST_RUN_ID``,
+``BURST_STORE`` (+ its settings), ``BURST_PLAN_*`` and SkyPilot's ``SKYPILOT_*``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from burst import config as user_config
+from burst import events
+from burst.env import check as envcheck
+from burst.env import codearchive, freeze
+from burst.env import install as envinstall
+from burst.env import machine as envfacts
+from burst.env.lockfile import LockfileError
+from burst.errors import BurstError, ConfigError
+from burst.plan import planner
+from burst.plan.replan import replan
+from burst.snapshot import sync
+from burst.snapshot import tiers as snapshot
+from burst.store import Store, open_store
+from burst.supervise.agent import Agent, Policy
+
+NODE_DIR_ENV = "BURST_NODE_DIR"
+GPU_ENV = "BURST_NODE_GPU"  # "cpu" or a card name: what NVML would say (tests, odd drivers)
+PLAN_AMP_ENV = "BURST_PLAN_AMP"
+PLAN_MARGIN_ENV = "BURST_PLAN_MARGIN"
+PLAN_MICRO_ENV = "BURST_PLAN_MICRO_BATCH"  # a micro-batch the user forced at resume time
+
+Say = Callable[[str], None]
+
+
+def node_dir() -> Path:
+    """``$BURST_NODE_DIR``, else ``~/burst-node``: code, venv and local snapshots live here."""
+    return Path(os.environ.get(NODE_DIR_ENV) or Path.home() / "burst-node")
+
+
+def run_identity(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
+    """The run id and store URL the task carries."""
+    environ = os.environ if environ is None else environ
+    run_id, store = environ.get("BURST_RUN_ID"), environ.get("BURST_STORE")
+    if not run_id or not store:
+        raise ConfigError("burst node needs $BURST_RUN_ID and $BURST_STORE (set by the task)")
+    return run_id, store
+
+
+# -- setup --------------------------------------------------------------------------------
+
+
+def setup(run_id: str, store: Store, *, python: str | None, venv: Path, code_dir: Path,
+          say: Say = print) -> None:
+    """Restore the code, then install the environment (or check an existing one)."""
+    lock, code_ref = _frozen(store, run_id, required=python is None)
+    code_dir.mkdir(parents=True, exist_ok=True)
+    if code_ref:
+        files = codearchive.restore(store, run_id, code_ref, code_dir)
+        say(f"restored {len(files)} files of code {code_ref['archive'][:12]} into {code_dir}")
+    else:
+        say("the run has no code archive: the entry point must already be on this node")
+    if lock is None:
+        say("the run has no frozen environment: using the interpreter as it is")
+        return
+    if python is None:
+        plan = envinstall.make_plan(lock, envinstall.detect_target(),
+                                    envinstall.Options(venv=venv))
+        envinstall.execute(plan, echo=say)
+        for problem in envinstall.install_editable(plan, code_dir, echo=say):
+            say(f"warning: {problem}")
+        python = plan.python
+    check_environment(lock, python, say)
+    _checked_marker().write_text(f"{lock.digest} {python}\n")
+
+
+def _frozen(store: Store, run_id: str, required: bool):
+    try:
+        return freeze.load_frozen(store, run_id)
+    except LockfileError:
+        if required:
+            raise
+        return None, codearchive.latest_ref(store, run_id)
+
+
+def _checked_marker() -> Path:
+    return node_dir() / "environment-checked"
+
+
+def _already_checked(digest: str, python: str) -> bool:
+    """Setup checked this lockfile against this interpreter on this node already."""
+    try:
+        return _checked_marker().read_text().split() == [digest, python]
+    except OSError:
+        return False
+
+
+def check_environment(lock, python: str, say: Say) -> None:
+    """Errors (another torch major, another snapshot format) stop the node; the rest is
+    reported, because a card change legitimately changes the torch build."""
+    differences = envcheck.compare(lock, envcheck.live_in(python))
+    errors = [d for d in differences if d.severity == envcheck.ERROR]
+    for d in differences:
+        if d.severity != envcheck.NOTE:
+            say(f"environment {d.severity}: {d.what} {d.recorded} -> {d.live} ({d.note})")
+    if errors:
+        d = errors[0]
+        raise BurstError(f"this node's environment breaks the run's snapshots: {d.what} "
+                         f"{d.recorded or '-'} -> {d.live or '-'} ({d.note})")
+    say(f"environment checked against the lockfile: {len(differences)} difference(s), "
+        "none breaking")
+
+
+# -- the card and the plan ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Card:
+    """What this node has: a card name (None: CPU only) and how many."""
+
+    name: str | None
+    count: int = 0
+
+
+def detect_card(environ: Mapping[str, str] | None = None) -> Card:
+    """``$BURST_NODE_GPU`` if set, else NVML (no CUDA context is created)."""
+    environ = os.environ if environ is None else environ
+    forced = (environ.get(GPU_ENV) or "").strip()
+    if forced:
+        if forced.lower() == "cpu":
+            return Card(None)
+        name, _, count = forced.partition(":")
+        return Card(name, int(count or 1))
+    gpu = envfacts.detect_gpu()
+    return Card(gpu.name, gpu.count) if gpu else Card(None)
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    env: dict[str, str]
+    summary: dict[str, object] = field(default_factory=dict)
+    notes: tuple[str, ...] = ()
+
+
+def plan_here(store: Store, run_id: str, card: Card, environ: Mapping[str, str] | None = None
+              ) -> NodePlan:
+    """The plan for this node. A GPU in the catalog is planned like any candidate; a CPU
+    node (or an unknown card) keeps the snapshot's layout and precision."""
+    environ = os.environ if environ is None else environ
+    manifest = snapshot.read_manifest(store, run_id)
+    if manifest is None:
+        raise BurstError(f"run {run_id!r} has no snapshot in {store.url}")
+    forced = _forced_micro(environ)
+    nodes = int(environ.get("SKYPILOT_NUM_NODES") or 1)
+    options = planner.Options(margin=float(environ.get(PLAN_MARGIN_ENV) or
+                                           planner.DEFAULT_MARGIN),
+                              amp=environ.get(PLAN_AMP_ENV) or "auto", spot="never")
+    if card.name is not None:
+        from burst.plan.cards import load
+
+        if load(user_config.load()).for_device(card.name) is not None:
+            return _planned(store, run_id, card, nodes, options, forced)
+    return _kept(manifest, card, forced, nodes, _gpus_per_node(environ))
+
+
+def _planned(store: Store, run_id: str, card: Card, nodes: int, options: planner.Options,
+             forced: int | None) -> NodePlan:
+    from burst.plan.cards import load
+
+    name = load(user_config.load()).for_device(card.name or "")
+    assert name is not None
+    result = replan(store, run_id, cards=[name.name], counts=[max(card.count, 1)],
+                    nodes=nodes, options=options, config=user_config.load())
+    chosen = result.choose()
+    if forced is not None:
+        chosen = _with_micro(chosen, forced)
+    summary = {"card": name.name, "count": card.count, "nodes": nodes,
+               "micro_batch": chosen.micro_batch, "accumulation": chosen.accumulation,
+               "amp": chosen.amp, "probe": chosen.probe}
+    return NodePlan(chosen.to_env(), summary, chosen.notes)
+
+
+def _with_micro(plan: planner.Plan, micro: int) -> planner.Plan:
+    world = plan.world_size
+    if plan.global_batch % (micro * world):
+        raise ConfigError(f"forced micro-batch {micro} does not split global batch "
+                          f"{plan.global_batch} over {world} GPU(s)")
+    return replace(plan, micro_batch=micro, accumulation=plan.global_batch // (micro * world),
+                   probe=False, probe_micro_batches=(micro,))
+
+
+def _gpus_per_node(environ: Mapping[str, str]) -> int:
+    """The processes the task starts on each node: one per GPU SkyPilot gave it (torchrun,
+    ``task-multinode.yaml.j2``), one where no launcher says (``task.yaml.j2``, SSH)."""
+    raw = environ.get("SKYPILOT_NUM_GPUS_PER_NODE") or "1"
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"$SKYPILOT_NUM_GPUS_PER_NODE must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+def _kept(manifest: Mapping, card: Card, forced: int | None, nodes: int = 1,
+          per_node: int = 1) -> NodePlan:
+    """The snapshot's micro-batch and precision, over the processes this task starts
+    (``nodes * per_node``, which may differ from the snapshot's world size)."""
+    batch = manifest.get("batch") or {}
+    global_batch, saved = int(batch["global"]), int(batch.get("world_size") or 1)
+    world = nodes * per_node
+    micro = forced or int(batch.get("micro") or global_batch)
+    if global_batch % (micro * world):
+        raise ConfigError(f"micro-batch {micro} does not split global batch {global_batch} "
+                          f"over {world} process(es)")
+    amp = (manifest.get("amp") or {}).get("dtype")
+    what = card.name or "cpu"
+    notes = (f"{what}: not in the card catalog, layout and precision kept",) if card.name \
+        else ("no GPU: layout and precision kept",)
+    if world != saved:
+        notes += (f"world size {saved} -> {world} ({nodes} node(s) x {per_node} process(es))",)
+    accumulation = global_batch // (micro * world)
+    env = {planner.ENV_MICRO_BATCH: str(micro), planner.ENV_AMP: amp or "none",
+           planner.ENV_ACCUMULATION: str(accumulation), planner.ENV_WORLD_SIZE: str(world)}
+    summary = {"card": what, "count": card.count, "nodes": nodes, "world_size": world,
+               "micro_batch": micro, "accumulation": accumulation, "amp": amp, "probe": False}
+    return NodePlan(env, summary, notes)
+
+
+def _forced_micro(environ: Mapping[str, str]) -> int | None:
+    raw = environ.get(PLAN_MICRO_ENV)
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"${PLAN_MICRO_ENV} must be a positive integer, got {raw!r}")
+    return int(raw)
+
+
+# -- run ----------------------------------------------------------------------------------
+
+
+def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | None,
+        venv: Path, local_dir: Path, say: Say = print) -> int:
+    """Pull, check, re-plan, train; the exit code is the training process's (128+N for
+    a signal), so SkyPilot's ``recover_on_exit_codes`` sees burst's failure codes."""
+    store = open_store(store_url)
+    local = open_store(str(local_dir))
+    transfer = sync.pull(store, local, run_id, log=say)
+    say(f"pulled snapshot {run_id}@{transfer.step} ({transfer.bytes_sent} bytes fetched)")
+    interpreter = python or str(venv / "bin" / "python")
+    lock, _ = _frozen(store, run_id, required=False)
+    if lock is not None and not _already_checked(lock.digest, interpreter):
+        check_environment(lock, interpreter, say)
+    card = detect_card()
+    plan = plan_here(local, run_id, card)
+    for note in plan.notes:
+        say(f"plan: {note}")
+    say("plan: " + " ".join(f"{k}={v}" for k, v in plan.env.items()))
+    _record(local, run_id, "node-start", step=transfer.step, plan=plan.summary, **_where())
+    env = {**plan.env, "BURST_LOCAL": str(local_dir), "PATH": _path_with(interpreter),
+           "BURST_RUN_ID": run_id, "BURST_STORE": store_url}
+    agent = Agent(list(command), run_id=run_id, store=local, store_url=store_url,
+                  policy=Policy(on_oom="retry-smaller", on_gpu_failure="stop", on_killed="stop"),
+                  env=env, say=lambda msg: say(f"agent: {msg}"))
+    outcome = agent.run()
+    code = outcome.returncode if outcome.returncode >= 0 else 128 - outcome.returncode
+    _record(local, run_id, "node-exit", returncode=code, decision=outcome.decision,
+            message=outcome.message, **_where())
+    _publish_history(local, store, run_id, say)
+    return code
+
+
+def _path_with(python: str) -> str:
+    """PATH with the environment's bin first, so ``python train.py`` is the run's python."""
+    bin_dir = str(Path(python).parent)
+    return os.pathsep.join([bin_dir, os.environ.get("PATH", "")])
+
+
+def _where() -> dict[str, str]:
+    """Where this node is, for ``burst status``: SkyPilot's ids when present."""
+    keys = {"task_id": "SKYPILOT_TASK_ID", "node_rank": "SKYPILOT_NODE_RANK",
+            "cluster_info": "SKYPILOT_CLUSTER_INFO"}
+    out = {name: os.environ[env] for name, env in keys.items() if os.environ.get(env)}
+    out["host"] = os.uname().nodename
+    out["node_dir"] = str(node_dir())
+    return out
+
+
+def _record(store: Store, run_id: str, name: str, /, **fields: object) -> None:
+    """Node events go to the local tier, which uploads them with the run's snapshots."""
+    try:
+        events.append(store, run_id, name, source="node", **fields)
+    except Exception as exc:  # the history is worth less than the run
+        print(f"burst: could not record {name!r}: {exc}")
+
+
+def _publish_history(local: Store, store: Store, run_id: str, say: Say) -> None:
+    try:
+        sync.copy_extras(local, store, run_id)
+    except Exception as exc:
+        say(f"could not upload the run's history: {exc}")

@@ -1,0 +1,1 @@
+"""Snapshots: the format, the RAM/disk tiers, reading, retention, and moving them between stores."""

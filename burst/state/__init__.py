@@ -1,0 +1,1 @@
+"""Training state in and out of snapshots: capture and restore, the tree encoding, random generators."""

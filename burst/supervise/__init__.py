@@ -1,0 +1,1 @@
+"""Supervising a training process: the agent, GPU watching, fault injection."""

@@ -1,0 +1,245 @@
+"""The agent: supervise a training process, and act by policy when it fails.
+
+``burst run -- python train.py`` starts the script as a child, watches the GPUs while it
+runs, and reads how it ended from its exit status (``burst.training.failure`` codes, set by the
+library inside the child). Then it decides:
+
+- ``retry-smaller`` (OOM): start the child again with a smaller micro-batch and a larger
+  gradient accumulation; the global batch, and so every optimizer step's samples, stay
+  the same. Up to ``max_retries`` times, dividing by ``backoff`` each time.
+- ``burst``: hand the run to a launcher (``burst resume``) to continue on a bigger card.
+- ``restart`` (after SIGKILL, a segfault, a GPU failure): start again unchanged from the
+  newest persisted snapshot.
+- ``stop``: leave it for a person, with the reason and the exact command to resume.
+
+Each start, exit, decision and restart is an event in the run's history.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TextIO
+
+from burst import events
+from burst.errors import ConfigError
+from burst.snapshot import tiers as snapshot
+from burst.store.base import Store
+from burst.supervise.gpuwatch import GpuWatch
+from burst.training import failure
+
+POLICIES = {
+    "oom": ("retry-smaller", "burst", "stop"),
+    "gpu-failure": ("burst", "restart", "stop"),
+    "killed": ("restart", "stop"),
+}
+
+
+@dataclass
+class Policy:
+    on_oom: str = "retry-smaller"
+    on_gpu_failure: str = "burst"
+    on_killed: str = "stop"
+    max_retries: int = 3
+    backoff: int = 2
+
+    def __post_init__(self) -> None:
+        for kind, value in (("oom", self.on_oom), ("gpu-failure", self.on_gpu_failure),
+                            ("killed", self.on_killed)):
+            if value not in POLICIES[kind]:
+                raise ConfigError(f"policy for {kind} must be one of "
+                                  f"{', '.join(POLICIES[kind])}, got {value!r}")
+        if self.max_retries < 0 or self.backoff < 2:
+            raise ConfigError("max retries must be >= 0 and the backoff factor >= 2")
+
+    def action(self, kind: str) -> str:
+        return {"oom": self.on_oom, "gpu-failure": self.on_gpu_failure,
+                "killed": self.on_killed}.get(kind, "stop")
+
+
+@dataclass
+class Attempt:
+    number: int
+    micro_batch: int | None
+    returncode: int
+    kind: str
+    seconds: float
+
+
+@dataclass
+class Outcome:
+    """How supervision ended: the last exit status, every attempt, the final decision."""
+
+    returncode: int
+    attempts: list[Attempt] = field(default_factory=list)
+    decision: str = "finished"
+    message: str = ""
+
+
+Launcher = Callable[[str], int]  # run id -> exit code of `burst resume`
+
+
+class Agent:
+    """Runs ``command`` until it finishes or a policy says stop."""
+
+    def __init__(self, command: list[str], *, run_id: str, store: Store, store_url: str,
+                 policy: Policy | None = None, env: dict[str, str] | None = None,
+                 watch: GpuWatch | None = None, launcher: Launcher | None = None,
+                 fault: str | None = None, say: Callable[[str], None] = print,
+                 child_stdout: TextIO | None = None) -> None:
+        if not command:
+            raise ConfigError("give the training command after --, e.g. burst run -- python train.py")
+        self.command, self.run_id, self.store = command, run_id, store
+        self.store_url = store_url
+        self.policy = policy or Policy()
+        self.env = dict(env or {})
+        self.watch, self.launcher, self.say = watch, launcher, say
+        self.fault = fault  # injected into the first attempt only (drills)
+        self.child_stdout = child_stdout  # e.g. stderr, when our stdout is for JSON
+        self.micro_batch: int | None = _int_or_none(self.env.get("BURST_MICRO_BATCH"))
+
+    def run(self) -> Outcome:
+        outcome = Outcome(returncode=0)
+        retries = 0
+        if self.watch is not None:
+            self.watch.start()
+        try:
+            while True:
+                attempt = self._attempt(len(outcome.attempts) + 1)
+                outcome.attempts.append(attempt)
+                outcome.returncode = attempt.returncode
+                if attempt.kind in ("ok", "signal", "error"):
+                    outcome.decision, outcome.message = _final(attempt)
+                    return outcome
+                action = self.policy.action(attempt.kind)
+                if action in ("retry-smaller", "restart") and retries >= self.policy.max_retries:
+                    action = "stop"
+                    self.say(f"giving up after {retries} retries")
+                decision = self._decide(attempt, action)
+                self._record("policy", kind=attempt.kind, action=decision,
+                             micro_batch=self.micro_batch, attempt=attempt.number)
+                if decision in ("retry-smaller", "restart"):
+                    retries += 1
+                    continue
+                outcome.decision = decision
+                outcome.message, handed_code = self._hand_over(decision, attempt)
+                if handed_code is not None:  # the run lives on elsewhere: its exit is ours
+                    outcome.returncode = handed_code
+                return outcome
+        finally:
+            if self.watch is not None:
+                self.watch.stop()
+
+    def _attempt(self, number: int) -> Attempt:
+        env = {**os.environ, **self.env, "BURST_RUN_ID": self.run_id,
+               "BURST_STORE": self.store_url}
+        if self.micro_batch is not None:
+            env["BURST_MICRO_BATCH"] = str(self.micro_batch)
+        if self.fault:  # a drill's fault hits the first attempt, not the recovery
+            if number == 1:
+                env["BURST_FAULT"] = self.fault
+            else:
+                env.pop("BURST_FAULT", None)
+        self._record("child-start", attempt=number, command=shlex.join(self.command),
+                     micro_batch=self.micro_batch)
+        started = time.monotonic()
+        returncode = _run_child(self.command, env, self.child_stdout)
+        kind = failure.classify_exit(returncode)
+        seconds = time.monotonic() - started
+        self._record("child-exit", attempt=number, returncode=returncode, kind=kind,
+                     seconds=round(seconds, 3))
+        self.say(f"attempt {number}: {failure.describe_exit(returncode)} ({kind})")
+        return Attempt(number, self.micro_batch, returncode, kind, seconds)
+
+    def _decide(self, attempt: Attempt, action: str) -> str:
+        if action != "retry-smaller":
+            return action
+        layout = self._layout()
+        if layout is None:
+            self.say("no snapshot or failure record says the batch layout: cannot shrink")
+            return "stop"
+        smaller = smaller_micro_batch(layout["micro"], layout["global"],
+                                      layout.get("world_size", 1), self.policy.backoff)
+        if smaller is None:
+            self.say(f"micro-batch {layout['micro']} cannot shrink further")
+            return "burst" if self.launcher else "stop"
+        self.say(f"OOM: retrying with micro-batch {smaller} (was {layout['micro']}), "
+                 f"accumulation {layout['global'] // (smaller * layout.get('world_size', 1))}, "
+                 f"global batch {layout['global']} unchanged")
+        self.micro_batch = smaller
+        return "retry-smaller"
+
+    def _layout(self) -> dict | None:
+        """The batch layout the child ran with: its failure record, else its snapshot."""
+        for event in reversed(events.read(self.store, self.run_id)):
+            if event.get("event") == "failure" and "global" in event:
+                return {k: event[k] for k in ("global", "micro", "world_size") if k in event}
+        manifest = snapshot.read_manifest(self.store, self.run_id)
+        return manifest.get("batch") if manifest else None
+
+    def _hand_over(self, decision: str, attempt: Attempt) -> tuple[str, int | None]:
+        """What to tell the user, and the exit code of the resumed run if it was launched."""
+        resume = f"burst resume {shlex.quote(self.run_id)} --store {shlex.quote(self.store_url)}"
+        if decision == "burst":
+            if self.launcher is None:
+                return (f"{attempt.kind}: policy 'burst' but no launcher is configured; "
+                        f"to continue elsewhere run: {resume}"), None
+            self.say(f"{attempt.kind}: bursting: {resume}")
+            code = self.launcher(self.run_id)
+            return f"handed to burst resume (exit {code})", code
+        return f"{attempt.kind}: stopped for a person; to continue run: {resume}", None
+
+    def _record(self, name: str, /, **fields: object) -> None:
+        try:
+            events.append(self.store, self.run_id, name, source="agent", **fields)
+        except Exception as exc:
+            self.say(f"could not record {name!r} event: {exc}")
+
+
+def smaller_micro_batch(micro: int, global_batch: int, world_size: int, backoff: int
+                        ) -> int | None:
+    """The largest micro-batch <= micro // backoff that divides the per-rank batch."""
+    per_rank = global_batch // max(world_size, 1)
+    target = micro // backoff
+    for candidate in range(target, 0, -1):
+        if per_rank % candidate == 0:
+            return candidate
+    return None
+
+
+def _final(attempt: Attempt) -> tuple[str, str]:
+    if attempt.kind == "ok":
+        return "finished", "training finished"
+    if attempt.kind == "signal":
+        return "stopped", "stopped on a signal after a snapshot"
+    return "error", (f"the training script failed ({failure.describe_exit(attempt.returncode)}); "
+                     "not a GPU failure, so no retry")
+
+
+def _run_child(command: list[str], env: dict[str, str], stdout: TextIO | None) -> int:
+    """Run the child in the foreground; forward SIGTERM/SIGINT so it can snapshot."""
+    try:
+        child = subprocess.Popen(command, env=env, stdout=stdout)
+    except OSError as exc:
+        raise ConfigError(f"cannot start {command[0]!r}: {exc.strerror}") from None
+    forwarded = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    def forward(signum: int, _frame: object) -> None:
+        child.send_signal(signum)
+
+    for signum in forwarded:
+        signal.signal(signum, forward)
+    try:
+        return child.wait()
+    finally:
+        for signum, handler in forwarded.items():
+            signal.signal(signum, handler)
+
+
+def _int_or_none(value: str | None) -> int | None:
+    return int(value) if value and value.isdigit() else None

@@ -1,0 +1,1 @@
+"""The training loop's side of burst: the Run, its steps, the failure guard, the sampler, AMP, metrics."""

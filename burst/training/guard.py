@@ -1,0 +1,176 @@
+"""What a run does while its process is failing: OOM, a dead GPU, a signal.
+
+The guard is installed by ``Run.attach``. It owns the process-wide hooks (SIGTERM and
+SIGINT handlers, ``sys.excepthook``) and turns each failure into the same three moves:
+save the freshest state that is still trustworthy, wait for the store, and exit with a
+code that says what happened (``burst.training.failure``) so the agent can pick a policy.
+
+Recovery runs outside any ``except`` block: a CUDA OOM's traceback holds the frames,
+and with them the tensors, of the step that failed; clearing those frames first is what
+lets the emergency snapshot find memory to work with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from types import FrameType, TracebackType
+from typing import TYPE_CHECKING, NoReturn
+
+import torch
+
+from burst.training import failure
+
+if TYPE_CHECKING:
+    from burst.training.run import Run
+
+DEFAULT_GRACE_SECONDS = 30.0
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+class Guard:
+    """Signal and exception handling for one run in this process."""
+
+    def __init__(self, run: Run, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> None:
+        self.run = run
+        self.grace_seconds = grace_seconds
+        self.stop_requested: str | None = None
+        self._previous_handlers: dict[int, object] = {}
+        self._previous_excepthook = sys.excepthook
+        self._handling = False
+
+    # -- installation -------------------------------------------------------------------
+
+    def install(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum in _SIGNALS:
+                self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        sys.excepthook = self._excepthook
+
+    def uninstall(self) -> None:
+        for signum, handler in self._previous_handlers.items():
+            with contextlib.suppress(ValueError, TypeError):
+                signal.signal(signum, handler)  # type: ignore[arg-type]
+        self._previous_handlers.clear()
+        if sys.excepthook == self._excepthook:
+            sys.excepthook = self._previous_excepthook
+
+    # -- signals ------------------------------------------------------------------------
+
+    def _on_signal(self, signum: int, _frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.stop_requested:
+            _say(f"second {name}: exiting now")
+            os._exit(128 + signum)
+        self.stop_requested = name
+        _say(f"{name}: snapshot at the next step boundary, then exit "
+             f"(within {self.grace_seconds:.0f}s; send it again to exit at once)")
+        threading.Thread(target=self._watchdog, name="burst-grace", daemon=True).start()
+
+    def _watchdog(self) -> None:
+        """If no step boundary comes within the grace period, keep the RAM shadow and go."""
+        time.sleep(self.grace_seconds * 0.8)
+        _say("no step boundary within the grace period: saving the newest RAM copy")
+        self._persist_shadow("signal", budget=self.grace_seconds * 0.2)
+        os._exit(failure.EXIT_STOPPED)
+
+    def stop_at_boundary(self) -> NoReturn:
+        """Called by the run at a step boundary after a signal, once the snapshot of that
+        boundary is queued: record, flush, exit."""
+        reason = self.stop_requested or "signal"
+        self.run._event("failure", kind="signal", signal=reason, step=self.run.step,
+                        action="snapshot at step boundary")
+        self._flush(self.grace_seconds)  # the snapshot and the event above
+        _say(f"stopped after step {self.run.step}; snapshot saved")
+        raise SystemExit(failure.EXIT_STOPPED)
+
+    # -- exceptions ---------------------------------------------------------------------
+
+    def _excepthook(self, exc_type: type[BaseException], exc: BaseException,
+                    tb: TracebackType | None) -> None:
+        if failure.classify(exc) is None or self._handling:
+            self._previous_excepthook(exc_type, exc, tb)
+            return
+        try:
+            code = self.recover(exc)
+        except BaseException as error:  # never let recovery itself end in a traceback
+            _say(f"emergency handling failed: {error}")
+            code = failure.EXIT_OOM if failure.classify(exc) == "oom" else failure.EXIT_GPU_FAILURE
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+    def recover(self, exc: BaseException) -> int:
+        """Save what can be trusted after ``exc``; return the exit code to leave with."""
+        self._handling = True
+        kind = failure.classify(exc)
+        summary = _first_line(exc)
+        if exc.__traceback__ is not None:
+            traceback.clear_frames(exc.__traceback__)  # drop the failed step's tensors
+        if kind == "oom":
+            return self._recover_oom(summary)
+        return self._recover_gpu_failure(summary)
+
+    def _recover_oom(self, summary: str) -> int:
+        run = self.run
+        in_optimizer = run._in_optimizer_step
+        _free_memory(run)
+        if in_optimizer:
+            source = "RAM shadow (the optimizer step was interrupted)"
+            saved = run._persist_shadow("oom")
+        else:
+            source = "live state at the last step boundary"
+            saved = run._capture_boundary("oom")
+        run._event("failure", kind="oom", step=run.step + 1, in_optimizer_step=in_optimizer,
+                   snapshot_step=saved, error=summary, **run._layout())
+        self._flush(None)
+        _say(f"CUDA out of memory in step {run.step + 1} (micro-batch {run.micro_batch}); "
+             f"snapshot of step {saved} from the {source}; exit {failure.EXIT_OOM}")
+        return failure.EXIT_OOM
+
+    def _recover_gpu_failure(self, summary: str) -> int:
+        run = self.run
+        saved = run._persist_shadow("gpu-failure")
+        run._event("failure", kind="gpu-failure", step=run.step + 1, snapshot_step=saved,
+                   error=summary, **run._layout())
+        self._flush(None)
+        kept = (f"RAM copy of step {saved} saved without touching CUDA" if saved is not None
+                else "no RAM copy yet, so the newest persisted snapshot stands")
+        _say(f"GPU failure in step {run.step + 1} ({summary}); {kept}; "
+             f"exit {failure.EXIT_GPU_FAILURE}")
+        return failure.EXIT_GPU_FAILURE
+
+    def _persist_shadow(self, reason: str, budget: float | None) -> int | None:
+        step = self.run._persist_shadow(reason)
+        self._flush(budget)
+        return step
+
+    def _flush(self, timeout: float | None) -> None:
+        try:
+            self.run.flush(timeout)
+        except Exception as exc:  # report, but still exit with the failure's own code
+            _say(f"the emergency snapshot could not be stored: {exc}")
+
+
+def _free_memory(run: Run) -> None:
+    optimizer = run.components.optimizer
+    if optimizer is not None:
+        optimizer.zero_grad(set_to_none=True)
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0][:300] if text else type(exc).__name__
+
+
+def _say(message: str) -> None:
+    print(f"burst: {message}", file=sys.stderr, flush=True)

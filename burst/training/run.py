@@ -1,0 +1,568 @@
+"""The public training-loop API: a ``Run`` that a plain PyTorch loop adopts in a few lines.
+
+::
+
+    run = burst.Run("my-run", global_batch=64, micro_batch=16)
+    run.attach(model, optimizer, scheduler)          # restore-or-start
+    loader = DataLoader(data, batch_size=run.micro_batch, sampler=burst.ResumableSampler(data))
+    for epoch in run.epochs(10):
+        for step in run.steps(loader):               # one optimizer step each
+            for x, y in step:                        # its micro-batches
+                (loss_fn(model(x), y) * step.weight(len(x))).backward()
+            optimizer.step(); optimizer.zero_grad(); scheduler.step()
+    run.close()
+
+The run counts what the optimizer has consumed, not what the DataLoader prefetched, and
+takes snapshots only between optimizer steps. A crash inside a gradient-accumulation
+window therefore loses that window and nothing else: the restored run starts again at
+the window's first sample, with the state the previous optimizer step left.
+
+The batch layout can be re-planned for another card through the environment
+(``BURST_MICRO_BATCH``, ``BURST_AMP``, set by ``burst resume``); the global batch never
+changes, so each optimizer step sees exactly the same samples.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import platform
+import sys
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+import torch
+from torch.utils.data import DataLoader
+
+from burst import events
+from burst.env import freeze
+from burst.errors import ConfigError, SnapshotError
+from burst.parallel import partition
+from burst.parallel import state as dist_state
+from burst.parallel.group import Group, unwrap
+from burst.snapshot import sync
+from burst.snapshot import tiers as snapshot
+from burst.snapshot.upload import UploadQueue
+from burst.state import capture as state_mod
+from burst.state import rng
+from burst.store import Store, default_local_url, is_local, open_store
+from burst.store.base import check_key
+from burst.supervise import faults
+from burst.training import failure
+from burst.training.amp import AMP_DTYPES, parse_amp
+from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
+from burst.training.metrics import MetricBuffer
+from burst.training.sampler import ResumableSampler, derive_seed
+
+ENV_RUN_ID = "BURST_RUN_ID"
+ENV_MICRO_BATCH = "BURST_MICRO_BATCH"
+ENV_AMP = "BURST_AMP"
+ENV_ACCUMULATION = "BURST_ACCUMULATION"  # the rest of a plan: checked, not trusted blindly
+ENV_WORLD_SIZE = "BURST_WORLD_SIZE"
+ENV_TF32 = "BURST_TF32"
+STOP_REASON = "signal"  # the snapshot reason that also stops the run (SIGTERM/SIGINT)
+
+
+class Step:
+    """One optimizer step: iterate it for its micro-batches, then step the optimizer."""
+
+    def __init__(self, index: int, epoch: int, samples: int, micro_batches: int,
+                 batches: Iterator[Any], injector: faults.Injector | None = None,
+                 world_size: int = 1) -> None:
+        self.index, self.epoch = index, epoch
+        self.world_size = world_size
+        self.samples, self.micro_batches = samples, micro_batches
+        self._batches, self._injector = batches, injector
+        self.consumed = 0
+
+    def __iter__(self) -> Iterator[Any]:
+        while self.consumed < self.micro_batches:
+            if self._injector is not None:
+                self._injector.before_micro_batch(self.index, self.consumed)
+            batch = next(self._batches)
+            self.consumed += 1
+            yield batch
+
+    def weight(self, micro_batch_samples: int) -> float:
+        """Factor for a micro-batch's *mean* loss so the step's gradient is the mean over
+        all of its samples, whatever the micro-batch split. ``samples`` counts all ranks;
+        the factor includes the world size because DDP and FSDP *average* the ranks'
+        gradients."""
+        return micro_batch_samples * self.world_size / self.samples
+
+
+class Run:
+    """One training run: its identity, its batch layout, its snapshots."""
+
+    def __init__(
+        self,
+        run_id: str | None = None,
+        *,
+        global_batch: int,
+        micro_batch: int | None = None,
+        store: str | os.PathLike[str] | Store | None = None,
+        local: str | os.PathLike[str] | None = None,
+        amp: str | None = None,
+        seed: int = 0,
+        shadow_every: int = 10,
+        persist_every: int | None = None,
+        persist_seconds: float | None = 300.0,
+        keep: int = 3,
+        world_size: int | None = None,
+        grace_seconds: float = DEFAULT_GRACE_SECONDS,
+    ) -> None:
+        self.run_id = _run_id(run_id)
+        # world_size=None: whatever torch.distributed runs (burst.parallel.init_from_env)
+        self._group = Group.for_run(world_size)
+        self.rank, self.world_size = self._group.rank, self._group.world_size
+        self.seed = seed
+        self.global_batch = _positive(global_batch, "global_batch")
+        self.micro_batch = _positive(_env_int(ENV_MICRO_BATCH) or micro_batch or global_batch,
+                                     "micro_batch")
+        self.accumulation = _accumulation(self.global_batch, self.micro_batch, self.world_size)
+        self.amp = parse_amp(os.environ.get(ENV_AMP, amp))
+        _check_plan_env(self.accumulation, self.world_size)
+        _apply_tf32(os.environ.get(ENV_TF32))
+        # the stores last: every setting above is checked before any upload thread starts
+        self.store = open_store(store)
+        self.local, self._uploads = _local_tier(self.store, self.run_id, local,
+                                                uploads=self.rank == 0)
+        self.total_epochs: int | None = None
+        self.steps_per_epoch: int | None = None
+        self.shadow_every = _positive(shadow_every, "shadow_every")
+        self.persist_every, self.persist_seconds = persist_every, persist_seconds
+        self.extra: dict[str, Any] = {}
+        self.step = self.epoch = self.samples_consumed = self.samples_in_epoch = 0
+        self.components = state_mod.Components()
+        self.restored: state_mod.RestoreReport | None = None
+        self._tiers = snapshot.Tiers(self.local, self.run_id, keep=keep,
+                                     on_commit=self._on_commit)
+        self._sampler: ResumableSampler | None = None
+        self._saved_sampler: dict | None = None
+        self._in_step = self._optimizer_stepped = self._in_optimizer_step = False
+        self._boundary_rng: dict | None = None
+        self._boundary_buffers: dict[str, torch.Tensor] = {}
+        self._saved_buffer_names: frozenset[str] = frozenset()  # persistent ones only
+        self._injector = faults.Injector.from_env()
+        self._injector.settle = lambda: self.flush(timeout=60)
+        self._guard = Guard(self, grace_seconds)
+        self._requested: str | None = None
+        self._last_persist = time.monotonic()
+        self._peak_memory: dict[str, int] = {}
+        self._metrics = MetricBuffer(lambda points: self._event(MetricBuffer.EVENT,
+                                                                points=points))
+
+    # -- set-up -------------------------------------------------------------------------
+
+    def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
+               scheduler: Any | None = None, scaler: Any | None = None
+               ) -> state_mod.RestoreReport | None:
+        """Register what to snapshot and restore the newest complete snapshot, if any."""
+        self.components = state_mod.Components(unwrap(model), optimizer, scheduler, scaler)
+        self._saved_buffer_names = frozenset(self.components.model.state_dict().keys())
+        if optimizer is not None:
+            optimizer.register_step_pre_hook(self._before_optimizer_step)
+            optimizer.register_step_post_hook(self._on_optimizer_step)
+        self._guard.install()
+        freeze.prefetch(self.store, self.run_id)  # environment + code, off the training thread
+        manifest = dist_state.newest_manifest(  # rank 0 chooses; every rank reads that one
+            self._group, self._newest_manifest,
+            lambda step: dist_state.manifest_at(self.local, self.store, self.run_id, step))
+        if manifest is None:
+            self._event("start", **self._layout())
+            return None
+        self.restored = self._restore(manifest)
+        self._event("resume", step=self.restored.step, notes=self.restored.notes,
+                    **self._layout())
+        return self.restored
+
+    def _before_optimizer_step(self, *_: object) -> None:
+        self._in_optimizer_step = True
+        self._injector.in_optimizer_step(self.step + 1)
+
+    def _on_optimizer_step(self, *_: object) -> None:
+        self._in_optimizer_step = False
+        self._optimizer_stepped = True
+
+    def _restore(self, manifest: dict) -> state_mod.RestoreReport:
+        batch = manifest.get("batch", {})
+        if batch.get("global") != self.global_batch:
+            raise SnapshotError(
+                f"the snapshot's global batch is {batch.get('global')}, this run's "
+                f"{self.global_batch}: burst never changes the global batch silently"
+            )
+        tensors = snapshot.load_tensors(self.local, manifest)
+        saved = state_mod.decode(manifest, tensors)
+        saved_amp = manifest.get("amp", {}).get("dtype")
+        notes = dist_state.restore(self.components, saved, self._group, saved_amp=saved_amp,
+                                   amp=self._amp(), seed=self.seed, step=manifest["step"],
+                                   saved_world_size=batch.get("world_size") or 1)
+        if batch.get("micro") != self.micro_batch:
+            notes.append(f"micro-batch {batch.get('micro')} -> {self.micro_batch}, "
+                         f"accumulation {batch.get('accumulation')} -> {self.accumulation}")
+        if saved_amp != self._amp():
+            notes.append(f"precision {saved_amp or 'fp32'} -> {self._amp() or 'fp32'}")
+        counters = manifest["counters"]
+        self.step, self.epoch = counters["step"], counters["epoch"]
+        self.samples_consumed = counters["samples_consumed"]
+        self.samples_in_epoch = counters["samples_in_epoch"]
+        self.extra = saved.get("extra") or {}
+        self._saved_sampler = manifest.get("sampler")
+        return state_mod.RestoreReport(self.step, self.epoch, self.samples_consumed,
+                                       manifest.get("reason", "unknown"), notes)
+
+    # -- the loop -----------------------------------------------------------------------
+
+    def epochs(self, count: int) -> Iterator[int]:
+        """Epoch numbers from the restored one up to ``count`` (exclusive)."""
+        self.total_epochs = count
+        while self.epoch < count:
+            yield self.epoch
+            self.epoch += 1
+            self.samples_in_epoch = 0
+
+    def steps(self, loader: DataLoader) -> Iterator[Step]:
+        """The optimizer steps of the current epoch, from the next unconsumed sample."""
+        sampler = self._check_loader(loader)
+        sampler.set_epoch(self.epoch, start=self.samples_in_epoch)
+        usable = sampler.epoch_length()
+        if loader.drop_last:
+            usable = usable // self.micro_batch * self.micro_batch
+        self.steps_per_epoch = math.ceil(usable / self.global_batch)
+        # DataLoader draws worker seeds from this generator, not from the global RNG, so
+        # starting an iterator mid-epoch after a resume does not shift the training RNG.
+        loader.generator = torch.Generator().manual_seed(derive_seed("loader", self.seed,
+                                                                     self.epoch, bits=63))
+        batches = iter(loader)
+        for samples, share in self._step_sizes(sampler.remaining(), loader.drop_last):
+            micro_batches = math.ceil(share / self.micro_batch)  # this rank's
+            self._mark_boundary()
+            current = Step(self.step + 1, self.epoch, samples, micro_batches, batches,
+                           self._injector, self.world_size)
+            self._in_step, self._optimizer_stepped = True, False
+            try:
+                yield current
+            except GeneratorExit:  # the loop was left with break/return/an exception
+                self._in_step = False
+                if current.consumed == micro_batches and self._optimizer_stepped:
+                    self._complete_step(samples)
+                raise
+            self._in_step = False
+            if current.consumed != micro_batches:
+                raise ConfigError(f"step {current.index} used {current.consumed} of its "
+                                  f"{micro_batches} micro-batches: iterate the whole step")
+            self._complete_step(samples)
+
+    def _check_loader(self, loader: DataLoader) -> ResumableSampler:
+        sampler = loader.sampler
+        if not isinstance(sampler, ResumableSampler):
+            raise ConfigError("run.steps() needs a DataLoader with sampler=burst.ResumableSampler")
+        if loader.batch_size != self.micro_batch:
+            raise ConfigError(f"the DataLoader's batch_size is {loader.batch_size}, the run's "
+                              f"micro-batch {self.micro_batch}: use batch_size=run.micro_batch")
+        sampler.global_batch = self.global_batch
+        sampler.rank, sampler.world_size = self.rank, self.world_size
+        if self.world_size > 1 and loader.drop_last:
+            raise ConfigError("on several ranks use ResumableSampler(drop_last=True), not the "
+                              "DataLoader's drop_last (it would drop per rank)")
+        if self._saved_sampler is not None:
+            _check_same_data(self._saved_sampler, sampler.state())
+            self._saved_sampler = None
+        self._sampler = sampler
+        return sampler
+
+    def _step_sizes(self, remaining: int, loader_drops_last: bool
+                    ) -> Iterator[tuple[int, int]]:
+        """(samples on all ranks, this rank's share) of each step left in the epoch."""
+        if loader_drops_last:
+            remaining = remaining // self.micro_batch * self.micro_batch
+        partition.check_lockstep(remaining, self.global_batch, self.micro_batch,
+                                 self.world_size)
+        return partition.rank_steps(remaining, self.global_batch, self.rank, self.world_size)
+
+    def _complete_step(self, samples: int) -> None:
+        self.step += 1
+        self.samples_consumed += samples
+        self.samples_in_epoch += samples
+        self._record_memory()
+        reason, self._requested = self._requested, None
+        if self._guard.stop_requested:
+            reason = STOP_REASON
+        persist = reason is not None or self._persist_due()
+        persist, reason = self._group.agree(persist, reason)  # every rank decides the same
+        if persist or self.step % self.shadow_every == 0:
+            self._capture(reason or "periodic", persist=persist)
+        if reason == STOP_REASON:  # a signal reached at least one rank: all stop here
+            self._guard.stop_at_boundary()
+
+    def _mark_boundary(self) -> None:
+        """Remember what a partial step will disturb: the RNGs and the model's buffers
+        (BatchNorm statistics move in the forward pass). An OOM mid-step then still
+        yields the exact state of the last step boundary."""
+        self._boundary_rng = rng.capture()
+        model = self.components.model
+        if model is not None:
+            self._boundary_buffers = {name: b.detach().clone()
+                                      for name, b in model.named_buffers()
+                                      if name in self._saved_buffer_names}
+
+    def _persist_due(self) -> bool:
+        if self.persist_every and self.step % self.persist_every == 0:
+            return True
+        return (self.persist_seconds is not None
+                and time.monotonic() - self._last_persist >= self.persist_seconds)
+
+    # -- snapshots ----------------------------------------------------------------------
+
+    def snapshot(self, reason: str = "manual", wait: bool = False) -> None:
+        """Snapshot now if between steps, else at the end of the current step.
+
+        On several ranks a snapshot between steps is a collective: call it on every rank
+        (a request made during a step, on any rank, is agreed on at the step's end)."""
+        if self._in_step:
+            self._requested = reason
+            return
+        self._capture(reason, persist=True)
+        if wait:
+            self._group.settle(self.flush)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Block until every queued snapshot is in the store (uploaded, for a remote one);
+        raise if one failed or ``timeout`` seconds pass."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        self._tiers.flush(timeout)
+        if self._uploads is not None:
+            self._uploads.flush(None if deadline is None else deadline - time.monotonic())
+            sync.copy_extras(self.local, self.store, self.run_id)  # events written since
+
+    def log(self, **values: float) -> None:
+        """Record metrics of the step just finished (``run.log(loss=loss)``) for
+        ``burst report``; buffered, written with the next snapshot (rank 0 only)."""
+        if self._group.is_writer:  # inside a step's body the step is not yet counted
+            step = self.step + 1 if self._in_step else self.step
+            self._metrics.add(step, self.samples_consumed, values)
+
+    def close(self) -> None:
+        """Snapshot the final state and wait for it to be stored."""
+        self._capture("final", persist=True)
+        self._group.settle(self.flush)  # rank 0 stores it; every rank learns the outcome
+        self._metrics.flush()
+        self._event("finish", step=self.step)
+        self._guard.uninstall()
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type: type | None, exc: BaseException | None, _tb: object) -> None:
+        if exc is None:
+            self.close()
+            return
+        if failure.classify(exc) is not None:
+            code = self._guard.recover(exc)
+            raise SystemExit(code) from None
+        with contextlib.suppress(Exception):
+            self.flush()
+
+    def _capture(self, reason: str, persist: bool) -> snapshot.Captured | None:
+        taken = dist_state.capture(self.components, self.extra, self._group)
+        captured = None
+        if taken is not None:  # rank 0 (the only writer on several ranks)
+            captured = self._tiers.capture(self.step, *taken, self._meta(reason),
+                                           persist=persist)
+        if persist:
+            self._last_persist = time.monotonic()
+        return captured
+
+    def _capture_boundary(self, reason: str) -> int | None:
+        """Snapshot the live state as it was at the last step boundary (after an OOM);
+        return its step. On several ranks the other ranks may be stuck in a collective, so
+        no collective capture is possible: rank 0 keeps its RAM shadow instead."""
+        if self.world_size > 1:
+            return self._persist_shadow(reason)
+        tree, live = state_mod.capture(self.components, self.extra, rng_state=self._boundary_rng,
+                                       model_buffers=self._boundary_buffers)
+        self._tiers.capture(self.step, tree, live, self._meta(reason), persist=True)
+        return self.step
+
+    def _persist_shadow(self, reason: str) -> int | None:
+        """Queue the newest RAM copy under ``reason`` without touching the device."""
+        latest = self._tiers.latest
+        if latest is None:
+            return None
+        self._tiers.persist(replace(latest, meta={**latest.meta, "reason": reason}))
+        return latest.step
+
+    def _on_commit(self, manifest: dict) -> None:
+        self._metrics.flush()
+        self._event("snapshot", step=manifest["step"], reason=manifest["reason"])
+        if self._uploads is not None:
+            self._uploads.submit(manifest["step"])
+
+    def _newest_manifest(self) -> dict | None:
+        """The newest snapshot, pulled into the local tier first when the remote is newer."""
+        if self.local is not self.store:
+            local_steps = snapshot.list_steps(self.local, self.run_id)
+            remote_steps = snapshot.list_steps(self.store, self.run_id)
+            if remote_steps and (not local_steps or remote_steps[-1] > local_steps[-1]):
+                sync.pull(self.store, self.local, self.run_id,
+                          log=lambda msg: warnings.warn(f"burst: {msg}", stacklevel=4))
+        return snapshot.read_manifest(self.local, self.run_id)
+
+    def _event(self, name: str, /, **fields: Any) -> None:
+        """Record an event; the history is worth less than the run, so failures only warn."""
+        if not self._group.is_writer:  # rank 0 tells the run's story; others add failures
+            if name in ("start", "resume", "finish"):
+                return
+            fields.setdefault("rank", self.rank)
+        try:
+            events.append(self.local, self.run_id, name, **fields)  # uploaded with snapshots
+        except Exception as exc:
+            warnings.warn(f"burst: could not record {name!r} event: {exc}", stacklevel=3)
+
+    def _meta(self, reason: str) -> dict[str, Any]:
+        frozen = freeze.freeze_run(self.store, self.run_id)  # cached; never raises
+        return {
+            "reason": reason,
+            "time": datetime.now(UTC).isoformat(timespec="seconds"),
+            "counters": {"step": self.step, "epoch": self.epoch,
+                         "samples_consumed": self.samples_consumed,
+                         "samples_in_epoch": self.samples_in_epoch,
+                         "total_steps": self._total_steps()},
+            "batch": self._layout(),
+            "amp": {"dtype": self._amp()},
+            "sampler": self._sampler.state() if self._sampler else self._saved_sampler,
+            "versions": {"torch": torch.__version__, "python": platform.python_version(),
+                         "cuda": torch.version.cuda, "platform": sys.platform},
+            "card": _card_name(),
+            "memory": {"peak_bytes_by_micro_batch": dict(self._peak_memory)},
+            "lockfile_hash": frozen.lockfile_hash,
+            "code_ref": frozen.code_ref,
+        }
+
+    def _total_steps(self) -> int | None:
+        """Steps of the whole run, when the loop has said how many epochs (for planners)."""
+        if self.total_epochs is None or self.steps_per_epoch is None:
+            return None
+        return self.total_epochs * self.steps_per_epoch
+
+    def grad_scaler(self) -> torch.amp.GradScaler:
+        """A GradScaler that is enabled exactly when the run's precision needs one (fp16)."""
+        device = _device_of(self.components.model)
+        return torch.amp.GradScaler(device, enabled=self.amp == "fp16")
+
+    def _layout(self) -> dict[str, int]:
+        return {"global": self.global_batch, "micro": self.micro_batch,
+                "accumulation": self.accumulation, "world_size": self.world_size}
+
+    def _amp(self) -> str | None:
+        scaler = self.components.scaler
+        if self.amp is None and scaler is not None and scaler.is_enabled():
+            return "fp16"  # a user-managed fp16 autocast: the scaler gives it away
+        return self.amp
+
+    def autocast(self, device_type: str | None = None) -> contextlib.AbstractContextManager:
+        """``torch.autocast`` for the run's precision (a no-op in full precision)."""
+        if self.amp is None:
+            return contextlib.nullcontext()
+        device = device_type or _device_of(self.components.model)
+        return torch.autocast(device, dtype=AMP_DTYPES[self.amp])
+
+    def _record_memory(self) -> None:
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            key = str(self.micro_batch)
+            peak = torch.cuda.max_memory_allocated()
+            self._peak_memory[key] = max(self._peak_memory.get(key, 0), peak)
+
+
+def _run_id(run_id: str | None) -> str:
+    run_id = run_id or os.environ.get(ENV_RUN_ID)
+    if not run_id:
+        raise ConfigError(f"give the run an id: Run('name') or ${ENV_RUN_ID}")
+    try:
+        check_key(run_id)
+    except SnapshotError:
+        raise ConfigError(f"run id {run_id!r} may hold only letters, digits and ._=+@-") from None
+    return run_id
+
+
+def _local_tier(store: Store, run_id: str, local: str | os.PathLike[str] | None,
+                uploads: bool = True) -> tuple[Store, UploadQueue | None]:
+    """A remote store gets a local tier in front: snapshots commit to disk first (fast,
+    crash-safe) and upload in the background, so the loop never waits on the network.
+    Only the writing rank uploads; the others read through the tier."""
+    if is_local(store):
+        return store, None
+    tier = open_store(local or default_local_url())
+    if not is_local(tier):
+        raise ConfigError(f"local= must be a directory on this machine, got {tier.url}")
+    if not uploads:
+        return tier, None
+    queue = UploadQueue(tier, store, run_id)
+    queue.catch_up()  # a snapshot a crash left un-uploaded goes up now
+    return tier, queue
+
+
+def _positive(value: int, name: str) -> int:
+    if not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+    return value
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if not raw:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(f"${name} must be an integer, got {raw!r}") from None
+
+
+def _accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
+    per_step = micro_batch * world_size
+    if global_batch % per_step:
+        raise ConfigError(f"global batch {global_batch} is not a multiple of micro-batch "
+                          f"{micro_batch} x world size {world_size}")
+    return global_batch // per_step
+
+
+def _check_plan_env(accumulation: int, world_size: int) -> None:
+    """A plan passed in the environment must agree with what this process computed."""
+    for name, actual in ((ENV_ACCUMULATION, accumulation), (ENV_WORLD_SIZE, world_size)):
+        planned = _env_int(name)
+        if planned is not None and planned != actual:
+            raise ConfigError(f"the plan says ${name}={planned}, but this process has "
+                              f"{actual}: launch with the planned number of processes")
+
+
+def _apply_tf32(value: str | None) -> None:
+    """TF32 matmuls on Ampere and newer when the plan says so (no effect on CPU)."""
+    if value in ("1", "0"):
+        enabled = value == "1"
+        torch.backends.cuda.matmul.allow_tf32 = enabled
+        torch.backends.cudnn.allow_tf32 = enabled
+
+
+def _check_same_data(saved: dict, live: dict) -> None:
+    for key in ("num_samples", "seed", "shuffle", "drop_last"):
+        if saved.get(key) != live.get(key):
+            raise SnapshotError(f"the data differs from the snapshot's: sampler {key} was "
+                                f"{saved.get(key)!r}, now {live.get(key)!r}")
+
+
+def _device_of(model: torch.nn.Module | None) -> str:
+    if model is not None:
+        for param in model.parameters():
+            return param.device.type
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _card_name() -> str:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.get_device_name()
+    return "cpu"

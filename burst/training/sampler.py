@@ -1,0 +1,139 @@
+"""An exact, resumable data order, and per-sample randomness that replays.
+
+``ResumableSampler`` draws one permutation per epoch from ``(seed, epoch)`` alone, so the
+order never depends on how far an iterator got or on the process that drew it, and it
+can start anywhere: the run tells it how many samples of the epoch the optimizer has
+already consumed (not how many the DataLoader prefetched) and it yields from the next.
+
+The permutation uses NumPy's legacy ``RandomState``, whose stream NumPy has frozen, so a
+run resumed on another machine with other library versions sees the same order.
+
+``SeededDataset`` makes augmentation randomness a function of (seed, epoch, sample):
+each ``__getitem__`` runs under generators seeded for that sample and the caller's
+generators are left untouched. Which worker loads a sample, how many workers there are,
+and whether the run was resumed in between no longer matter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Iterator, Sized
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, Sampler
+
+from burst.parallel import partition
+
+
+def derive_seed(*parts: object, bits: int = 32) -> int:
+    """A stable seed from any parts (hash-based: no correlation between nearby inputs)."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (1 << bits)
+
+
+class SampleIndex(int):
+    """A dataset index that also carries its epoch; behaves exactly like an ``int``."""
+
+    epoch: int
+
+    def __new__(cls, index: int, epoch: int) -> SampleIndex:
+        value = super().__new__(cls, index)
+        value.epoch = epoch
+        return value
+
+    def __reduce__(self) -> tuple:  # keep the epoch when sent to DataLoader workers
+        return (SampleIndex, (int(self), self.epoch))
+
+
+class ResumableSampler(Sampler[int]):
+    """Seeded shuffle per epoch that starts at any sample position.
+
+    ``drop_last`` drops the epoch's tail that would not fill a whole global batch (set by
+    the run through ``global_batch``), so every optimizer step sees a full batch whatever
+    the micro-batch split; the DataLoader's own ``drop_last`` works too but depends on it.
+
+    On several ranks (``rank``/``world_size``, set by the run) each rank yields only its
+    contiguous share of every global batch (:mod:`burst.partition`), so the ranks together
+    consume exactly the single-rank order, step by step.
+    """
+
+    def __init__(self, data: Sized | int, *, seed: int = 0, shuffle: bool = True,
+                 drop_last: bool = False) -> None:
+        self.num_samples = data if isinstance(data, int) else len(data)
+        self.seed, self.shuffle, self.drop_last = seed, shuffle, drop_last
+        self.global_batch: int | None = None
+        self.rank, self.world_size = 0, 1
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Select the epoch's order and skip the first ``start`` samples of it."""
+        self.epoch, self.start = epoch, start
+
+    def epoch_length(self) -> int:
+        if self.drop_last and self.global_batch:
+            return self.num_samples // self.global_batch * self.global_batch
+        return self.num_samples
+
+    def order(self, epoch: int) -> np.ndarray:
+        """The full sample order of ``epoch`` (a pure function of seed and epoch)."""
+        if not self.shuffle:
+            return np.arange(self.num_samples)
+        state = np.random.RandomState(derive_seed("sampler", self.seed, epoch))
+        return state.permutation(self.num_samples)
+
+    def __iter__(self) -> Iterator[int]:
+        order = self.order(self.epoch)[self.start : self.epoch_length()]
+        if self.world_size > 1:
+            order = order[partition.rank_positions(len(order), self._split_batch(),
+                                                   self.rank, self.world_size)]
+        epoch = self.epoch
+        return (SampleIndex(int(i), epoch) for i in order)
+
+    def __len__(self) -> int:
+        """This rank's samples left in the epoch."""
+        if self.world_size > 1:
+            return partition.rank_count(self.remaining(), self._split_batch(), self.rank,
+                                        self.world_size)
+        return self.remaining()
+
+    def remaining(self) -> int:
+        """Samples left in the epoch on all ranks together."""
+        return max(self.epoch_length() - self.start, 0)
+
+    def _split_batch(self) -> int:
+        if not self.global_batch:
+            raise ValueError("a sampler split across ranks needs the run's global batch")
+        return self.global_batch
+
+    def state(self) -> dict[str, Any]:
+        return {"seed": self.seed, "shuffle": self.shuffle, "drop_last": self.drop_last,
+                "num_samples": self.num_samples}
+
+
+class SeededDataset(Dataset):
+    """Wraps a dataset so each sample's randomness is seeded by (seed, epoch, index)."""
+
+    def __init__(self, dataset: Dataset, seed: int = 0) -> None:
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, index: int) -> Any:
+        epoch = getattr(index, "epoch", 0)
+        sample_seed = derive_seed("sample", self.seed, epoch, int(index), bits=63)
+        saved_python = random.getstate()
+        saved_numpy = np.random.get_state()
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(sample_seed)  # CPU only: CUDA untouched
+            random.seed(sample_seed)
+            np.random.seed(sample_seed % (1 << 32))
+            try:
+                return self.dataset[index]
+            finally:
+                random.setstate(saved_python)
+                np.random.set_state(saved_numpy)
