@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import threading
+import warnings
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,6 +39,25 @@ def append(store: Store, run_id: str, event_name: str, /, **fields: Any) -> dict
             existing = b""
         store.put(key(run_id), existing + line.encode())
     return event
+
+
+def record(store: Store, run_id: str, event_name: str, /, *,
+           say: Callable[[str], None] | None = None, **fields: Any) -> dict | None:
+    """Append an event without ever failing the caller; return it, or None if it was lost.
+
+    The one error policy for every writer of a run's history: the history is worth less
+    than the training, launch or backup that records it, so a store that refuses the
+    write is reported (through ``say``, else as a warning) and the caller carries on.
+    """
+    try:
+        return append(store, run_id, event_name, **fields)
+    except Exception as exc:
+        message = f"could not record {event_name!r} event: {exc}"
+        if say is None:
+            warnings.warn(f"burst: {message}", stacklevel=2)
+        else:
+            say(message)
+        return None
 
 
 def merge(src: Store, dst: Store, run_id: str) -> bool:

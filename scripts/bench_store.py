@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from burst.snapshot import sync  # noqa: E402
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import tiers as snapshot  # noqa: E402
 from burst.snapshot.tiers import Captured  # noqa: E402
 from burst.store import LocalStore, open_store  # noqa: E402
 from tests.store_servers import (  # noqa: E402

@@ -55,7 +55,7 @@ def build_agent(options: dict, fault: str | None = None, json_output: bool = Fal
     run_id = options["run_id"]
 
     def record(name: str, /, **fields: object) -> None:
-        events.append(history, run_id, name, source="agent", **fields)
+        events.record(history, run_id, name, source="agent", **fields)
 
     watch = GpuWatch(record, interval=options["gpu_interval"],
                      threshold=options["memory_threshold"],

@@ -429,6 +429,6 @@ def recorder(store: Store, run_id: str) -> Record:
     """Append schedule events to the run's history, tagged ``source: schedule``."""
 
     def record(name: str, /, **fields: Any) -> None:
-        events.append(store, run_id, name, source="schedule", **fields)
+        events.record(store, run_id, name, source="schedule", **fields)
 
     return record

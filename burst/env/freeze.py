@@ -15,7 +15,6 @@ the environment without the code.
 from __future__ import annotations
 
 import atexit
-import contextlib
 import os
 import sys
 import threading
@@ -63,7 +62,7 @@ def freeze(store: Store, run_id: str, *, code_dir: Path | str | None = None,
         captured = codearchive.capture(root, max_bytes=max_code_bytes,
                                        exclude=_local_store_root(store))
         result.code_ref, result.code_new = codearchive.upload(store, run_id, captured)
-    events.append(store, run_id, "freeze", lockfile_hash=digest,
+    events.record(store, run_id, "freeze", lockfile_hash=digest,
                   code_archive=(result.code_ref or {}).get("archive"),
                   code_skipped=(result.code_ref or {}).get("skipped", []))
     return result
@@ -198,8 +197,8 @@ def _failed(store: Store, run_id: str, what: str, error: Exception,
     result.problems.append(message)
     warnings.warn(message + " (training continues; `burst freeze` retries by hand)",
                   FreezeWarning, stacklevel=3)
-    with contextlib.suppress(Exception):
-        events.append(store, run_id, "freeze-failed", what=what, error=message)
+    events.record(store, run_id, "freeze-failed", say=lambda _message: None, what=what,
+                  error=message)
     return result
 
 

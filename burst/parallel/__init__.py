@@ -16,7 +16,7 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_PUBLIC = ("init_from_env", "accumulate", "torchrun_shell", "torchrun_command")
+_PUBLIC = ("accumulate", "init_from_env", "torchrun_command", "torchrun_shell")
 
 if TYPE_CHECKING:
     from burst.parallel.group import accumulate, init_from_env, torchrun_command, torchrun_shell
@@ -28,4 +28,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'burst.parallel' has no attribute {name!r}")
 
 
-__all__ = list(_PUBLIC)
+__all__ = ["accumulate", "init_from_env", "torchrun_command", "torchrun_shell"]

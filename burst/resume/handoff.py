@@ -145,10 +145,7 @@ def launch(prepared: Prepared, launcher: Launcher, report: Reporter) -> LaunchRe
 
 def _recorder(store: Store, run_id: str, report: Reporter) -> Callable[..., None]:
     def record(name: str, /, **fields: Any) -> None:
-        try:
-            events.append(store, run_id, name, source="resume", **fields)
-        except Exception as exc:  # the history is worth less than the launch
-            report.say(f"could not record {name!r}: {exc}")
+        events.record(store, run_id, name, say=report.say, source="resume", **fields)
         report.event(name, **fields)
 
     return record

@@ -292,10 +292,8 @@ def _where() -> dict[str, str]:
 
 def _record(store: Store, run_id: str, name: str, /, **fields: object) -> None:
     """Node events go to the local tier, which uploads them with the run's snapshots."""
-    try:
-        events.append(store, run_id, name, source="node", **fields)
-    except Exception as exc:  # the history is worth less than the run
-        print(f"burst: could not record {name!r}: {exc}")
+    events.record(store, run_id, name, say=lambda m: print(f"burst: {m}"), source="node",
+                  **fields)
 
 
 def _publish_history(local: Store, store: Store, run_id: str, say: Say) -> None:

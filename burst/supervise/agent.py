@@ -195,10 +195,7 @@ class Agent:
         return f"{attempt.kind}: stopped for a person; to continue run: {resume}", None
 
     def _record(self, name: str, /, **fields: object) -> None:
-        try:
-            events.append(self.store, self.run_id, name, source="agent", **fields)
-        except Exception as exc:
-            self.say(f"could not record {name!r} event: {exc}")
+        events.record(self.store, self.run_id, name, say=self.say, source="agent", **fields)
 
 
 def smaller_micro_batch(micro: int, global_batch: int, world_size: int, backoff: int

@@ -419,10 +419,7 @@ class Run:
             if name in ("start", "resume", "finish"):
                 return
             fields.setdefault("rank", self.rank)
-        try:
-            events.append(self.local, self.run_id, name, **fields)  # uploaded with snapshots
-        except Exception as exc:
-            warnings.warn(f"burst: could not record {name!r} event: {exc}", stacklevel=3)
+        events.record(self.local, self.run_id, name, **fields)  # uploaded with snapshots
 
     def _meta(self, reason: str) -> dict[str, Any]:
         frozen = freeze.freeze_run(self.store, self.run_id)  # cached; never raises

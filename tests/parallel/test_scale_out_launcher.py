@@ -25,7 +25,7 @@ import pytest
 
 from burst import events
 from burst.store import open_store
-from tests.test_scale_out import (
+from tests.parallel.test_scale_out import (
     EXAMPLE,
     KILL_AT,
     STEPS,

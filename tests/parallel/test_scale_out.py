@@ -44,7 +44,7 @@ from burst.store import open_store
 
 pytestmark = pytest.mark.e2e
 
-EXAMPLE = Path(__file__).resolve().parents[1] / "scripts" / "example_distributed.py"
+EXAMPLE = Path(__file__).resolve().parents[2] / "scripts" / "example_distributed.py"
 STEPS, KILL_AT = 15, "8:0"
 TIMEOUT = 150
 
