@@ -10,11 +10,15 @@ does not parse is a one-line error naming the file, never a silently ignored set
 from __future__ import annotations
 
 import os
-import tomllib
 from pathlib import Path
 from typing import Any
 
 from burst.errors import ConfigError
+
+try:  # Python 3.11+
+    import tomllib  # novermin
+except ModuleNotFoundError:  # Python 3.10 (a node's Ubuntu 22.04)
+    import tomli as tomllib
 
 CONFIG_ENV = "BURST_CONFIG"
 

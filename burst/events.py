@@ -13,10 +13,12 @@ import json
 import threading
 import warnings
 from collections.abc import Callable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from burst.store.base import Store
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 _LOCK = threading.Lock()
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import torch
 
@@ -13,6 +13,8 @@ from burst.snapshot import tiers as snapshot
 from burst.snapshot.tiers import Captured
 from burst.store import MemoryStore
 from burst.store.base import Store
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 T0 = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 

@@ -11,10 +11,12 @@ from __future__ import annotations
 import os
 import sys
 import traceback
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 
 from burst.env.redact import scrub_text
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 LOG_DIR_ENV = "BURST_LOG_DIR"
 

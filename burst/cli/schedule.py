@@ -12,7 +12,7 @@ import shlex
 import subprocess
 import sys
 from dataclasses import asdict
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,8 @@ from burst.snapshot import sync
 from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore, open_store
 from burst.store.base import Store
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 
 @click.command("schedule")

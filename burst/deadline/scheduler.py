@@ -23,7 +23,7 @@ import fcntl
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -36,6 +36,8 @@ from burst.plan.replan import replan
 from burst.snapshot import sync
 from burst.snapshot import tiers as snapshot
 from burst.store.base import Store
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 DEFAULT_EVERY = timedelta(minutes=30)
 DEFAULT_FLOOR = timedelta(minutes=5)

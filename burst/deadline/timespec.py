@@ -34,7 +34,9 @@ def parse_instant(text: str, *, what: str = "time") -> datetime:
     """An ISO 8601 instant with a zone (``2026-12-03T18:00+08:00``, ``...Z``) → aware datetime."""
     cleaned = text.strip()
     try:
-        value = datetime.fromisoformat(cleaned)
+        # Python 3.10's fromisoformat does not read a trailing Z
+        value = datetime.fromisoformat(cleaned[:-1] + "+00:00" if cleaned[-1:] in "zZ"
+                                       and cleaned else cleaned)
     except ValueError:
         raise ConfigError(f"{what} {text!r} is not an ISO 8601 time: write e.g. "
                           "2026-12-03T18:00+08:00") from None

@@ -15,12 +15,16 @@ import configparser
 import os
 import re
 import sys
-import tomllib
 from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from burst.env.redact import strip_url
+
+try:  # Python 3.11+
+    import tomllib  # novermin
+except ModuleNotFoundError:  # Python 3.10 (a node's Ubuntu 22.04)
+    import tomli as tomllib
 
 PYPI = "https://pypi.org/simple"
 DEFAULT_TORCH_INDEX = "https://download.pytorch.org/whl/{variant}"

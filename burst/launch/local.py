@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
@@ -27,6 +27,8 @@ from burst.errors import BurstError, ConfigError
 from burst.launch import LaunchResult, Reporter
 from burst.launch.task import RenderedTask
 from burst.parallel.group import PORT_ENV
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 PASS_THROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONHASHSEED",
                 "BURST_NODE_GPU", "CUDA_VISIBLE_DEVICES", "BURST_TEMPLATES")

@@ -22,7 +22,7 @@ import socket
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlparse
@@ -48,6 +48,8 @@ p = subprocess.Popen(["bash", os.path.join(d, "job.sh")], cwd=d, env={**os.envir
 open(os.path.join(d, "job.pid"), "w").write(str(p.pid))
 print(p.pid)
 """
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 _JOB = """\
 set -a

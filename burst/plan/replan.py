@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from burst import config as user_config
@@ -20,6 +20,8 @@ from burst.plan import cards as gpus
 from burst.plan import facts, planner, regions
 from burst.snapshot import tiers as snapshot
 from burst.store.base import Store
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 
 @dataclass(frozen=True)

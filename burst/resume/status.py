@@ -9,13 +9,15 @@ it is here: it holds snapshots not uploaded yet and the newest events of a local
 from __future__ import annotations
 
 from collections.abc import Iterable
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 from burst import events
 from burst.errors import BurstError, SnapshotError
 from burst.snapshot import tiers as snapshot
 from burst.store import Store
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 PLACE_EVENTS = ("launch", "launch-end", "node-start", "node-exit", "child-start",
                 "child-exit", "start", "resume", "finish", "preempted")

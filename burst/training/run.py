@@ -33,7 +33,7 @@ import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import replace
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from typing import Any
 
 import torch
@@ -58,6 +58,8 @@ from burst.training.amp import AMP_DTYPES, parse_amp
 from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
 from burst.training.metrics import MetricBuffer
 from burst.training.sampler import ResumableSampler, derive_seed
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 ENV_RUN_ID = "BURST_RUN_ID"
 ENV_MICRO_BATCH = "BURST_MICRO_BATCH"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from click.testing import CliRunner
@@ -16,6 +16,8 @@ from burst.deadline import scheduler as sched
 from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore
 from tests.schedule_helpers import take
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 FUTURE = "2099-12-03T18:00+08:00"
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta, timezone
 
 import pytest
 
 from burst.deadline.timespec import human, parse_deadline, parse_duration, parse_instant
 from burst.errors import ConfigError
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 NOW = datetime(2026, 12, 1, 10, 0, tzinfo=UTC)
 

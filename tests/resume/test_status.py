@@ -4,7 +4,7 @@ store and the local tier alone."""
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 
 from click.testing import CliRunner
 
@@ -13,6 +13,8 @@ from burst.cli import main
 from burst.resume.status import run_status
 from burst.store import open_store
 from tests.plan_helpers import manifest, put_manifest
+
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 
 def test_status_reads_history_snapshots_and_pending_uploads(tmp_path):
