@@ -47,3 +47,17 @@ local_option = click.option(
     show_default=f"${LOCAL_ENV} or ./.burst",
     help="The local snapshot directory (what the run writes before uploading).",
 )
+
+
+def split_csv(values: tuple[str, ...]) -> list[str]:
+    """A repeatable option that also takes commas: ``--gpu A100,H100 --gpu L4``."""
+    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+
+
+def gpu_counts(values: tuple[str, ...]) -> list[int]:
+    """``--count 1,2,4`` as integers (one GPU when none is given)."""
+    try:
+        return [int(v) for v in split_csv(values)] or [1]
+    except ValueError:
+        raise click.BadParameter(f"GPU counts must be integers, got {values!r}",
+                                 param_hint="--count") from None

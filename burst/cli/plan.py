@@ -11,25 +11,13 @@ from rich.markup import escape
 from rich.table import Table
 
 from burst import config as user_config
-from burst.cli.options import json_option, store_option
+from burst.cli.options import gpu_counts, json_option, split_csv, store_option
 from burst.plan import planner
 from burst.plan.cards import GIB
 from burst.plan.replan import Replan, replan
 from burst.store import open_store
 
 OFFLINE_ENV = "BURST_OFFLINE"
-
-
-def _csv(values: tuple[str, ...]) -> list[str]:
-    return [part.strip() for value in values for part in value.split(",") if part.strip()]
-
-
-def _counts(values: tuple[str, ...]) -> list[int]:
-    try:
-        return [int(v) for v in _csv(values)] or [1]
-    except ValueError:
-        raise click.BadParameter(f"GPU counts must be integers, got {values!r}",
-                                 param_hint="--count") from None
 
 
 @click.command("plan")
@@ -74,8 +62,8 @@ def plan_command(run_id: str | None, cards: tuple[str, ...], counts: tuple[str, 
     if not run_id:
         raise click.UsageError("give a RUN_ID (or set $BURST_RUN_ID)")
     result = replan(
-        open_store(store_url), run_id, cards=_csv(cards), region=region, infra=_csv(infra),
-        counts=_counts(counts), nodes=nodes,
+        open_store(store_url), run_id, cards=split_csv(cards), region=region, infra=split_csv(infra),
+        counts=gpu_counts(counts), nodes=nodes,
         options=planner.Options(margin=margin, amp=amp, spot=spot),
         total_steps=total_steps, epochs=epochs, reason="oom" if after_oom else None,
         config=user_config.load(config_path), skypilot=not offline and not os.environ.get(

@@ -13,8 +13,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from burst import config as user_config
-from burst.cli.options import local_option, store_option
-from burst.cli.plan import OFFLINE_ENV, _counts, _csv
+from burst.cli.options import gpu_counts, local_option, split_csv, store_option
+from burst.cli.plan import OFFLINE_ENV
 from burst.errors import BurstError, ConfigError
 from burst.launch import Launcher, Reporter
 from burst.launch.local import Faults, LocalLauncher
@@ -55,11 +55,11 @@ def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool
     software = NodeSoftware(options["node_python"], options["burst_spec"] or resume.default_spec())
     return resume.Request(
         run_id=run_id, store_url=options["store_url"], local_url=options["local_url"],
-        cards=_csv(options["cards"]), region=options["region"], infra=_csv(options["infra"]),
-        counts=_counts(options["counts"]), nodes=options["nodes"],
+        cards=split_csv(options["cards"]), region=options["region"], infra=split_csv(options["infra"]),
+        counts=gpu_counts(options["counts"]), nodes=options["nodes"],
         options=planner.Options(margin=options["margin"], amp=options["amp"], spot=policy),
         micro_batch=options["micro_batch"], command=command, software=software,
-        secrets=_csv(options["secrets"]), managed=options["mode"] != "cluster",
+        secrets=split_csv(options["secrets"]), managed=options["mode"] != "cluster",
         max_restarts=options["max_restarts"], config=user_config.load(options["config_path"]),
         skypilot_catalog=not options["offline"] and not os.environ.get(OFFLINE_ENV),
         remote_node=options["to"] != "local", dry_run=dry_run,

@@ -125,6 +125,17 @@ class Plan:
             return None  # a cluster or pool of the user's: its price is in no catalog
         return price * self.world_size
 
+    def with_micro_batch(self, micro: int) -> Plan:
+        """This plan with a micro-batch the user forced (``--micro-batch``): accumulation
+        follows so the global batch stays the same, and no probing overrides the choice."""
+        world = self.world_size
+        if self.global_batch % (micro * world):
+            raise ConfigError(f"forced micro-batch {micro} does not split global batch "
+                              f"{self.global_batch} over {world} GPU(s)")
+        return replace(self, micro_batch=micro,
+                       accumulation=self.global_batch // (micro * world),
+                       probe=False, probe_micro_batches=(micro,))
+
     def to_env(self) -> dict[str, str]:
         """The environment that carries this plan to the new node (read by ``burst.Run``)."""
         return {

@@ -235,9 +235,7 @@ def fitting(plans: Replan, micro_batch: int | None) -> list[planner.Plan]:
     spot = [p for p in chosen if p.target.spot][:PER_TIER]
     chosen = spot + [p for p in chosen if not p.target.spot][:PER_TIER]
     if micro_batch is not None:
-        from burst.resume.node import _with_micro
-
-        chosen = [_with_micro(p, micro_batch) for p in chosen]
+        chosen = [p.with_micro_batch(micro_batch) for p in chosen]
     return chosen
 
 

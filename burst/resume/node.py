@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from burst import config as user_config
@@ -181,20 +181,11 @@ def _planned(store: Store, run_id: str, card: Card, nodes: int, options: planner
                     nodes=nodes, options=options, config=user_config.load())
     chosen = result.choose()
     if forced is not None:
-        chosen = _with_micro(chosen, forced)
+        chosen = chosen.with_micro_batch(forced)
     summary = {"card": name.name, "count": card.count, "nodes": nodes,
                "micro_batch": chosen.micro_batch, "accumulation": chosen.accumulation,
                "amp": chosen.amp, "probe": chosen.probe}
     return NodePlan(chosen.to_env(), summary, chosen.notes)
-
-
-def _with_micro(plan: planner.Plan, micro: int) -> planner.Plan:
-    world = plan.world_size
-    if plan.global_batch % (micro * world):
-        raise ConfigError(f"forced micro-batch {micro} does not split global batch "
-                          f"{plan.global_batch} over {world} GPU(s)")
-    return replace(plan, micro_batch=micro, accumulation=plan.global_batch // (micro * world),
-                   probe=False, probe_micro_batches=(micro,))
 
 
 def _gpus_per_node(environ: Mapping[str, str]) -> int:
