@@ -1,6 +1,6 @@
 """HF Accelerate with burst: the usual ``accelerator.prepare`` / ``accumulate`` loop, with
 the lines marked ``# burst`` added. Run it again after a crash and it continues at the
-exact sample. tests/test_integrations.py kills it (``BURST_FAULT=kill@N``) and checks
+exact sample. tests/training/test_integrations.py kills it (``BURST_FAULT=kill@N``) and checks
 the resumed run against an uninterrupted one."""
 
 import argparse

@@ -1,6 +1,6 @@
 """PyTorch Lightning with burst: the LightningModule is unchanged; the Trainer gets a
 ``BurstCallback`` (lines marked ``# burst``). Run it again after a crash and it continues
-at the exact sample. tests/test_integrations.py kills it (``BURST_FAULT=kill@N``) and
+at the exact sample. tests/training/test_integrations.py kills it (``BURST_FAULT=kill@N``) and
 checks the resumed run against an uninterrupted one."""
 
 import argparse
