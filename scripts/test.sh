@@ -11,4 +11,6 @@ if ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
   apt-get update -qq >/dev/null && apt-get install -y -qq openssh-server >/dev/null
 fi
 .venv/bin/ruff check burst tests scripts
+# burst runs on Python 3.10 too (a cloud node's Ubuntu 22.04): no newer stdlib in the package
+.venv/bin/vermin --quiet --no-tips --violations --eval-annotations --target=3.10- burst scripts
 exec .venv/bin/python -m pytest "$@"
