@@ -3,9 +3,11 @@
 The commit protocol (blobs, then the manifest; manifests deleted before blobs) only
 proves itself under real crashes at every step of it, so the code that writes snapshots
 marks each step with ``hit("name")``. Normally nothing is armed and ``hit`` returns after
-one global read. Armed (``BURST_KILLPOINT=N`` in the environment, or :func:`arm` in a
+two global reads. Armed (``BURST_KILLPOINT=N`` in the environment, or :func:`arm` in a
 forked test child), the Nth point reached SIGKILLs the whole process: no ``finally``,
-no atexit, no flush, exactly like the OOM killer or a preempted VM.
+no atexit, no flush, exactly like the OOM killer or a preempted VM. The environment is
+read at the first point reached, not at import (nothing runs at import time); an
+:func:`arm` before that wins over it.
 
 ``BURST_KILLPOINT_LOG=path`` appends each point's name as it is reached (one line, written
 before any kill), so a harness can count the points of a workload and say where it killed.
@@ -24,24 +26,31 @@ _lock = threading.Lock()
 _target: int | None = None
 _log: str | None = None
 _count = 0
+_configured = False  # set by the first arm(), from the environment or by hand
 
 
 def arm(target: int | None, log: str | None = None) -> None:
     """Kill at the ``target``-th point from now (None: never); log point names to ``log``."""
-    global _target, _log, _count
+    global _target, _log, _count, _configured
     with _lock:
-        _target, _log, _count = target, log, 0
+        _target, _log, _count, _configured = target, log, 0, True
 
 
 def _from_env() -> None:
+    """Arm from ``BURST_KILLPOINT`` / ``BURST_KILLPOINT_LOG``, once, unless arm() ran."""
+    global _target, _log, _count, _configured
     raw = os.environ.get(ENV_KILLPOINT, "").strip()
-    log = os.environ.get(ENV_LOG) or None
-    if raw or log:
-        arm(int(raw) if raw.isdigit() and int(raw) > 0 else None, log)
+    with _lock:
+        if not _configured:  # set last: a thread that sees it sees the rest
+            _target = int(raw) if raw.isdigit() and int(raw) > 0 else None
+            _log, _count = os.environ.get(ENV_LOG) or None, 0
+            _configured = True
 
 
 def hit(name: str) -> None:
     """Mark a point of a persist or upload; free unless a kill point or log is armed."""
+    if not _configured:
+        _from_env()
     if _target is None and _log is None:
         return
     global _count
@@ -55,6 +64,3 @@ def hit(name: str) -> None:
                 os.close(fd)
         if _count == _target:
             os.kill(os.getpid(), signal.SIGKILL)
-
-
-_from_env()

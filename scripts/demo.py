@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.table import Table
 
 from burst import events
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
 from burst.store import LocalStore
 
 EXAMPLE = Path(__file__).with_name("example_address.py")

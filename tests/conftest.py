@@ -11,11 +11,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from burst.store import memory
+
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "scripts" / "example_train.py"
 
 # Session fixtures for the store tests: real S3 servers and OpenSSH on 127.0.0.1.
 pytest_plugins = ["tests.store_servers"]
+# No wheelhouse unless a test asks for one: building it downloads from package indexes.
+os.environ.setdefault("BURST_WHEELS", "none")
 
 
 def run_example(workdir: Path, run_id: str, *args: str, env: dict | None = None
@@ -63,3 +67,10 @@ def assert_same(a: object, b: object, path: str = "") -> None:
 @pytest.fixture
 def store_dir(tmp_path: Path) -> Path:
     return tmp_path / "store"
+
+
+@pytest.fixture(autouse=True)
+def fresh_memory_buckets() -> None:
+    """Every test starts with no ``memory://`` buckets: a name reused by two tests (or a
+    test run twice) never sees what another one left there."""
+    memory.reset()

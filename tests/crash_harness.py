@@ -31,7 +31,7 @@ os.environ.setdefault("BURST_FREEZE", "0")  # the environment freeze is not unde
 import torch
 
 from burst import killpoints
-from burst.snapshot import retention, sync
+from burst.snapshot import reader, retention, sync
 from burst.snapshot import tiers as snapshot
 from burst.state import capture as state
 from burst.store import LocalStore
@@ -114,9 +114,9 @@ def check(work: Path, local: LocalStore, remote: S3Store, progress: Path) -> dic
                             if done[i] == tier], default=0) for tier in ("local", "remote")}
     result: dict = {}
     for tier, store in (("local", local), ("remote", remote)):
-        steps = snapshot.list_steps(store, RUN)
+        steps = reader.list_steps(store, RUN)
         for step in steps:
-            snapshot.verify(store, RUN, step)
+            reader.verify(store, RUN, step)
         if max(steps, default=0) < committed[tier]:
             raise AssertionError(f"{tier} lost step {committed[tier]}: it lists {steps}")
         result[f"{tier}_steps"] = steps
@@ -143,14 +143,14 @@ def resume(store: LocalStore | S3Store, fresh_local: Path) -> int | None:
 
 def recover(local: LocalStore, remote: S3Store) -> None:
     """A restarted process: finish uploading, collect garbage; everything must verify."""
-    steps = snapshot.list_steps(local, RUN)
+    steps = reader.list_steps(local, RUN)
     if steps:
         sync.push(local, remote, RUN, every=True)
     for store in (local, remote):
         retention.gc(store, RUN, keep_last=KEEP)
-        for step in snapshot.list_steps(store, RUN):
-            snapshot.verify(store, RUN, step)
-    if steps and snapshot.list_steps(remote, RUN)[-1] != steps[-1]:
+        for step in reader.list_steps(store, RUN):
+            reader.verify(store, RUN, step)
+    if steps and reader.list_steps(remote, RUN)[-1] != steps[-1]:
         raise AssertionError("the restarted upload did not bring the newest snapshot over")
 
 

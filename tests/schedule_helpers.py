@@ -6,13 +6,10 @@ import uuid
 from collections.abc import Callable, Iterable
 from datetime import datetime, timedelta, timezone
 
-import torch
-
 from burst import events
-from burst.snapshot import tiers as snapshot
-from burst.snapshot.tiers import Captured
 from burst.store import MemoryStore
 from burst.store.base import Store
+from tests import snapshot_helpers
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
@@ -73,14 +70,11 @@ def piecewise(*pieces: tuple[float, float], every: float = 300.0) -> list[tuple[
 
 
 def take(store: Store, step: int, run_id: str = "run", total_steps: int | None = None) -> dict:
-    """A real (tiny) snapshot in ``store``."""
-    tensors = {"w": torch.full((4,), float(step))}
-    captured = Captured(step, {"w": {"$tensor": "w"}}, tensors,
-                        {"reason": "periodic",
-                         "counters": {"step": step, "epoch": 0, "total_steps": total_steps},
-                         "batch": {"global": 8, "micro": 8, "accumulation": 1,
-                                   "world_size": 1}})
-    return snapshot.write_snapshot(store, run_id, captured)
+    """A real (tiny) snapshot in ``store`` with the counters and batch layout a plan reads."""
+    return snapshot_helpers.take(
+        store, step, run_id=run_id,
+        counters={"step": step, "epoch": 0, "total_steps": total_steps},
+        batch={"global": 8, "micro": 8, "accumulation": 1, "world_size": 1})
 
 
 def recording() -> tuple[list[tuple[str, dict]], Callable[..., None]]:

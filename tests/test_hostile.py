@@ -24,8 +24,9 @@ import burst
 from burst.cli import main
 from burst.errors import BurstError, SnapshotError
 from burst.snapshot import format as fmt
+from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
-from burst.snapshot import tiers as snapshot
+from burst.snapshot.tensors import load_tensors
 from burst.state import capture as state
 from burst.store import LocalStore, open_store
 from tests.store_servers import aws_env
@@ -136,10 +137,10 @@ def test_sizes_are_checked_before_anything_is_allocated(tmp_path: Path) -> None:
     with open(blob, "r+b") as f:  # sparse: a "blob" of 1 TiB the store says it holds
         f.truncate(1 << 40)
     with pytest.raises(SnapshotError, match="the manifest says"):
-        snapshot.load_tensors(store, manifest)
+        load_tensors(store, manifest)
     manifest["blobs"][digest]["size"] = 1 << 40  # now the manifest claims it too
     with pytest.raises(SnapshotError):
-        snapshot.load_tensors(store, fmt.parse_manifest(json.dumps(manifest).encode()))
+        load_tensors(store, fmt.parse_manifest(json.dumps(manifest).encode()))
     path = _manifest_path(store)
     with open(path, "r+b") as f:  # a sparse 1 GiB "manifest"
         f.truncate(fmt.MAX_MANIFEST_BYTES + 1)
@@ -233,7 +234,7 @@ def test_state_decoding_builds_only_plain_values(tmp_path: Path) -> None:
     assert manifest is not None
     manifest["state"]["extra"] = {"$dict": [["__class__", {"$dtype": "float32"}]],
                                   "x": {"$tuple": [{"$float": "nan"}]}}
-    decoded = state.decode(manifest, snapshot.load_tensors(store, manifest))
+    decoded = state.decode(manifest, load_tensors(store, manifest))
     kinds = set()
 
     def walk(value: object) -> None:

@@ -1,3 +1,6 @@
+"""``python -m burst.cli``: the same as the ``burst`` command."""
+
 from burst.cli import main
 
-main()
+if __name__ == "__main__":
+    main(prog_name="burst")

@@ -17,10 +17,51 @@ from rich.table import Table
 
 from burst.cli.options import json_option, store_option
 from burst.env import check as envcheck
-from burst.env import codearchive, freeze, lockfile
+from burst.env import codearchive, freeze, lockfile, wheelhouse
 from burst.env import install as envinstall
 from burst.errors import BurstError, ConfigError
-from burst.store import open_store
+from burst.snapshot.catalog import human_bytes
+from burst.store import Store, is_local, open_store
+
+WHEELS_HELP = ("Store the lockfile's wheels for the node: all (torch too: a node needs no "
+               "index, but a CUDA torch and its libraries add 3-4 GB to the store, uploaded "
+               "once per store), no-torch (torch comes from a mirror on the node: "
+               "$BURST_TORCH_INDEX), none. Default: $BURST_WHEELS or all for a remote store, "
+               "none for a local one.")
+
+
+def wheels_options(fn: Any) -> Any:
+    """``--wheels``, ``--wheels-machine`` and ``--torch-variant``: which wheelhouse to store."""
+    fn = click.option("--torch-variant", default=None,
+                      help="torch build to store (cpu, cu128, ...; default: the recorded "
+                           "CUDA build, else the one a Hopper card needs).")(fn)
+    fn = click.option("--wheels-machine", type=click.Choice(list(wheelhouse.MACHINES)),
+                      default=None, help="The node's CPU (default: x86_64).")(fn)
+    return click.option("--wheels", "wheels", type=click.Choice(list(wheelhouse.POLICIES)),
+                        default=None, help=WHEELS_HELP)(fn)
+
+
+def wheel_target(store: Store, lock: lockfile.Lockfile, policy: str | None,
+                 machine: str | None, torch_variant: str | None) -> wheelhouse.Target | None:
+    """The wheelhouse to build for ``store``, or None for none."""
+    if policy is None:
+        policy = "none" if is_local(store) else wheelhouse.default_policy()
+    if policy == "none":
+        return None
+    return wheelhouse.target_for(lock, machine=machine, policy=policy,
+                                 torch_variant=torch_variant)
+
+
+def describe_wheels(uploaded: wheelhouse.Uploaded | None) -> str:
+    if uploaded is None:
+        return "wheelhouse   already stored (or off)"
+    info = wheelhouse.summary(uploaded.index)
+    line = (f"wheelhouse   {info['wheels']} wheels, {human_bytes(info['bytes'])}; "
+            f"{uploaded.wheels_sent} uploaded ({human_bytes(uploaded.bytes_sent)}), "
+            f"{uploaded.wheels_present} already stored")
+    for m in info["missing"]:
+        line += f"\n  missing {m['name']} {m['version']}: {m['why']}"
+    return line
 
 _COLORS = {envcheck.ERROR: "red", envcheck.WARNING: "yellow", envcheck.NOTE: "dim"}
 
@@ -40,9 +81,12 @@ def _run_id(run_id: str | None) -> str | None:
                    f"{codearchive.DEFAULT_MAX_BYTES >> 20} MiB).")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="Also write the lockfile to this file.")
+@wheels_options
 @json_option
 def freeze_command(run_id: str | None, store_url: str, code_dir: Path | None, no_code: bool,
-                   max_code_bytes: int | None, output: Path | None, as_json: bool) -> None:
+                   max_code_bytes: int | None, output: Path | None, wheels: str | None,
+                   wheels_machine: str | None, torch_variant: str | None,
+                   as_json: bool) -> None:
     """Record the environment and code of RUN_ID in its store.
 
     Without RUN_ID (and no $BURST_RUN_ID) the lockfile is printed instead.
@@ -56,13 +100,20 @@ def freeze_command(run_id: str | None, store_url: str, code_dir: Path | None, no
         if not output:
             click.echo(lock.dumps().decode(), nl=False)
         return
-    result = freeze.freeze(open_store(store_url), run_id, code_dir=root, code=not no_code,
-                           max_code_bytes=max_code_bytes, lock=lock)
+    store = open_store(store_url)
+    target = wheel_target(store, lock, wheels, wheels_machine, torch_variant)
+    result = freeze.freeze(store, run_id, code_dir=root, code=not no_code,
+                           max_code_bytes=max_code_bytes, lock=lock, wheels=target,
+                           say=lambda line: click.echo(line, err=True))
     summary = _freeze_summary(run_id, lock, result)
     if as_json:
+        summary["wheelhouse"] = (wheelhouse.summary(result.wheelhouse.index)
+                                 if result.wheelhouse else None)
         click.echo(json.dumps(summary, indent=1, sort_keys=True))
     else:
         _print_freeze(summary)
+        if target is not None:
+            click.echo(describe_wheels(result.wheelhouse))
 
 
 def _freeze_summary(run_id: str, lock: lockfile.Lockfile, result: freeze.FreezeResult
@@ -140,6 +191,10 @@ def _load(run_id: str | None, lockfile_path: Path | None, store_url: str, step: 
                    f"${envinstall.TORCH_INDEX_ENV} or the one recorded, or download.pytorch.org).")
 @click.option("--find-links", multiple=True, help="A wheel directory (repeatable).")
 @click.option("--no-index", is_flag=True, help="Use only --find-links (offline).")
+@click.option("--wheelhouse", "wheelhouse_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Install from this wheelhouse first (default: download the "
+                                 "run's from the store into <venv>/../wheelhouse, if it has one).")
+@click.option("--no-wheelhouse", is_flag=True, help="Do not use the run's wheelhouse.")
 @click.option("--code-dir", type=click.Path(file_okay=False, path_type=Path), default=Path("."),
               show_default=True, help="Where to restore the code archive.")
 @click.option("--no-code", is_flag=True, help="Do not restore the code archive.")
@@ -149,8 +204,8 @@ def install(run_id: str | None, store_url: str, lockfile_path: Path | None, step
             venv: Path, system: bool, base_python: str | None, installer: str, gpu: str | None,
             compute_capability: str | None, cuda: str | None, cpu: bool, rocm: bool,
             index_url: str | None, torch_index: str | None, find_links: tuple[str, ...],
-            no_index: bool, code_dir: Path, no_code: bool, dry_run: bool, as_json: bool
-            ) -> None:
+            no_index: bool, wheelhouse_dir: Path | None, no_wheelhouse: bool, code_dir: Path,
+            no_code: bool, dry_run: bool, as_json: bool) -> None:
     """Create RUN_ID's environment on this node and restore its code.
 
     torch is installed in the build this node's card needs (a CUDA build on a GPU node,
@@ -164,8 +219,11 @@ def install(run_id: str | None, store_url: str, lockfile_path: Path | None, step
     lock, code_ref, store = _load(run_id, lockfile_path, store_url, step)
     target = envinstall.detect_target(gpu=gpu, capability=compute_capability, cuda=cuda,
                                       cpu=cpu, rocm=rocm)
+    if wheelhouse_dir is None and store is not None and not no_wheelhouse and not dry_run:
+        wheelhouse_dir = _fetch_wheelhouse(store, _run_id(run_id) or "", lock, venv)
     options = envinstall.Options(None if system else venv, installer, base_python, index_url,
-                                 list(find_links), no_index, torch_index)
+                                 list(find_links), no_index, torch_index,
+                                 None if no_wheelhouse else wheelhouse_dir)
     plan = envinstall.make_plan(lock, target, options)
     restore_code = bool(code_ref and store is not None and not no_code)
     if dry_run:
@@ -184,6 +242,16 @@ def install(run_id: str | None, store_url: str, lockfile_path: Path | None, step
     failed = envinstall.install_editable(plan, code_dir, echo=echo) if restore_code else []
     differences = envcheck.compare(lock, envcheck.live_in(plan.python))
     _report_install(plan, differences, restored, failed, as_json, echo)
+
+
+def _fetch_wheelhouse(store: Store, run_id: str, lock: lockfile.Lockfile, venv: Path
+                      ) -> Path | None:
+    """The run's wheelhouse, downloaded beside the venv; None when the store has none."""
+    if wheelhouse.load_index(store, run_id, lock.digest) is None:
+        return None
+    dest = venv.expanduser().absolute().parent / "wheelhouse"
+    wheelhouse.download(store, run_id, lock.digest, dest)
+    return dest
 
 
 def _print_plan(plan: envinstall.Plan, code_ref: dict | None, code_dir: Path,

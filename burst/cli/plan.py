@@ -6,9 +6,6 @@ import json
 import os
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from burst import config as user_config
 from burst.cli.options import gpu_counts, json_option, split_csv, store_option
@@ -90,6 +87,10 @@ def _as_json(result: Replan) -> dict:
 
 
 def _print(result: Replan, limit: int) -> None:
+    from rich.console import Console  # rich loads for the table, not for --json
+    from rich.markup import escape
+    from rich.table import Table
+
     console = Console()
     run = result.facts
     table = Table(title=escape(f"plans for {run.run_id} at step {run.step} (global batch "
@@ -141,6 +142,8 @@ def _group_key(plan: planner.Plan) -> tuple:
 
 
 def _row(index: int, plan: planner.Plan, places: list[str]) -> list[str]:
+    from rich.markup import escape
+
     target = plan.target
     gpus = f"{target.count}x{target.nodes}" if target.nodes > 1 else str(target.count)
     where = escape(places[0] + (f" +{len(places) - 1}" if len(places) > 1 else ""))

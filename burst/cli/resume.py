@@ -38,7 +38,7 @@ def make_launcher(to: str, options: dict) -> Launcher:
         root = options.get("stub_root") or os.environ.get(STUB_ROOT_ENV) or ".burst-nodes"
         faults = Faults(options.get("stub_fail_first") or 0, options.get("stub_preempt_at"),
                         options.get("stub_preempt") or "term")
-        return LocalLauncher(root, faults)
+        return LocalLauncher(root, faults, node_python=options.get("node_python"))
     if to.startswith("ssh://"):
         target = Target.parse(to, options.get("ssh_config"), options.get("identity"),
                               options.get("known_hosts"))
@@ -94,9 +94,11 @@ def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool
 @click.option("--secret", "secrets", multiple=True, metavar="NAME",
               help="Also pass this environment variable to the node as a secret.")
 @click.option("--node-python", default=None,
-              help="The node already has the environment: this interpreter (checked, "
-                   "not installed).")
-@click.option("--burst-spec", default=None, help="What the node pip-installs to get burst.")
+              help="Development/prepared nodes: the node already has burst and the "
+                   "environment at this interpreter (checked, not installed; no wheelhouse).")
+@click.option("--burst-spec", default=None,
+              help="What the node asks a forwarded package mirror for when the wheelhouse "
+                   "holds no burst wheel.")
 @click.option("--ssh-config", default=None, help="ssh: the SSH config file.")
 @click.option("--identity", default=None, help="ssh: the private key.")
 @click.option("--known-hosts", default=None, help="ssh: the known_hosts file.")

@@ -26,8 +26,8 @@ from burst.deadline import scheduler as sched
 from burst.deadline import timers as install_timer
 from burst.deadline.timespec import human, iso, parse_deadline, parse_duration, parse_instant
 from burst.errors import ConfigError
+from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
-from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore, open_store
 from burst.store.base import Store
 

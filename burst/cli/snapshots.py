@@ -1,4 +1,7 @@
-"""``burst ls``, ``burst show`` and ``burst verify``: look at a store's runs and snapshots."""
+"""``burst ls``, ``burst show`` and ``burst verify``: look at a store's runs and snapshots.
+
+rich is imported where a table is drawn, so ``--json`` and ``show`` never load it.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +9,11 @@ import json
 from collections.abc import Callable
 
 import click
-from rich.console import Console
-from rich.table import Table
 
 from burst.cli.options import json_option, store_option, store_settings
 from burst.cli.progress import transfer_bar
 from burst.errors import SnapshotError
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
 from burst.snapshot.catalog import human_bytes, list_runs, snapshot_rows
 from burst.store import Store, open_store
 
@@ -34,6 +35,9 @@ def list_snapshots(run_id: str | None, store_url: str, settings: dict, as_json: 
         return
     if not rows:
         raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=f"snapshots of {run_id}")
     for column in ("step", "epoch", "time", "size", "new bytes", "reason"):
         table.add_column(column, justify="left" if column in ("time", "reason") else "right")
@@ -50,6 +54,9 @@ def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
     if not runs:
         click.echo(f"no runs in {where}")
         return
+    from rich.console import Console
+    from rich.table import Table
+
     table = Table(title=f"runs in {where}")
     for column in ("run", "snapshots", "newest step", "time", "reason"):
         table.add_column(column, justify="right" if column in ("snapshots", "newest step")

@@ -1,13 +1,13 @@
-"""``burst status [RUN]``: where a run is, its newest snapshot, and what went wrong last."""
+"""``burst status [RUN]``: where a run is, its newest snapshot, and what went wrong last.
+
+rich loads only where a table is drawn, so ``--json`` never pays for it.
+"""
 
 from __future__ import annotations
 
 import json
 
 import click
-from rich.console import Console
-from rich.markup import escape
-from rich.table import Table
 
 from burst.cli.options import json_option, local_option, store_option
 from burst.errors import BurstError
@@ -26,17 +26,7 @@ def status_command(run_id: str | None, store_url: str, local_url: str, as_json: 
     uploads, the last failure and the plan in force. Without RUN_ID: the store's runs."""
     store = open_store(store_url)
     if run_id is None:
-        runs = list_runs(store)
-        if as_json:
-            click.echo(json.dumps(runs, indent=1))
-            return
-        table = Table(title=escape(f"runs in {store.url}"))
-        for column in ("run", "snapshots", "newest step", "time", "reason"):
-            table.add_column(column)
-        for run in runs:
-            table.add_row(escape(run["run"]), str(run["snapshots"]), str(run["newest_step"]),
-                          str(run["time"]), str(run["reason"]))
-        Console().print(table)
+        _print_runs(store.url, list_runs(store), as_json)
         return
     local = None
     if not is_local(store):
@@ -51,7 +41,28 @@ def status_command(run_id: str | None, store_url: str, local_url: str, as_json: 
     _print(status)
 
 
+def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps(runs, indent=1))
+        return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title=escape(f"runs in {where}"))
+    for column in ("run", "snapshots", "newest step", "time", "reason"):
+        table.add_column(column)
+    for run in runs:
+        table.add_row(escape(run["run"]), str(run["snapshots"]), str(run["newest_step"]),
+                      str(run["time"]), str(run["reason"]))
+    Console().print(table)
+
+
 def _print(status: dict) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+
     table = Table(title=escape(f"{status['run']} in {status['store']}"), show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")

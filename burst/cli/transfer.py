@@ -6,11 +6,14 @@ import json
 
 import click
 
+from burst.cli.env import describe_wheels, wheel_target, wheels_options
 from burst.cli.options import json_option, local_option, store_settings
 from burst.cli.progress import transfer_bar
+from burst.env import freeze, wheelhouse
+from burst.env.lockfile import LockfileError
 from burst.snapshot import sync
 from burst.snapshot.catalog import human_bytes
-from burst.store import open_store
+from burst.store import Store, open_store
 
 
 @click.command("push")
@@ -19,19 +22,39 @@ from burst.store import open_store
 @local_option
 @click.option("--step", type=int, default=None, help="Push this snapshot (default: newest).")
 @click.option("--all", "every", is_flag=True, help="Push every local snapshot.")
+@wheels_options
 @store_settings
 @json_option
 def push(run_id: str, store_url: str, local_url: str, step: int | None, every: bool,
+         wheels: str | None, wheels_machine: str | None, torch_variant: str | None,
          settings: dict, as_json: bool) -> None:
-    """Upload RUN_ID's snapshot(s) from the local tier; blobs already there are skipped."""
+    """Upload RUN_ID's snapshot(s) from the local tier; blobs already there are skipped.
+    The run's wheelhouse follows (see --wheels): wheels already in the store are skipped."""
     local, remote = open_store(local_url), open_store(store_url, **settings)
     with transfer_bar(f"push {run_id}", enabled=not as_json) as progress:
         transfers = sync.push(local, remote, run_id, step, every=every, progress=progress)
+    uploaded = _push_wheels(remote, run_id, wheels, wheels_machine, torch_variant, as_json)
     if as_json:
         click.echo(json.dumps([t.as_dict() for t in transfers], indent=1))
         return
     for t in transfers:
         click.echo(_line("pushed", t, remote.url))
+    if uploaded is not False:
+        click.echo(describe_wheels(uploaded))
+
+
+def _push_wheels(remote: Store, run_id: str, policy: str | None, machine: str | None,
+                 torch_variant: str | None, quiet: bool) -> wheelhouse.Uploaded | bool | None:
+    """The wheelhouse of the pushed run's lockfile; False when there is none to build."""
+    try:
+        lock, _ = freeze.load_frozen(remote, run_id)
+    except LockfileError:
+        return False
+    target = wheel_target(remote, lock, policy, machine, torch_variant)
+    if target is None:
+        return False
+    say = (lambda _line: None) if quiet else (lambda line: click.echo(line, err=True))
+    return wheelhouse.ensure(remote, run_id, lock, target, say=say)
 
 
 @click.command("pull")

@@ -33,8 +33,8 @@ from burst.deadline.policy import Decision, Policy, Progress
 from burst.deadline.timespec import iso
 from burst.errors import BurstError
 from burst.plan.replan import replan
+from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
-from burst.snapshot import tiers as snapshot
 from burst.store.base import Store
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10

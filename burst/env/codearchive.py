@@ -342,8 +342,8 @@ def latest_ref(store: Store, run_id: str) -> dict[str, Any] | None:
 def restore(store: Store, run_id: str, ref: dict[str, Any], dest: Path | str) -> list[str]:
     """Unpack the archive ``ref`` names into ``dest``; return the restored paths.
 
-    The archive's bytes must hash to its name, and extraction uses tarfile's ``data``
-    filter: no absolute paths, no ``..``, no links out of ``dest``, no device files.
+    The archive's bytes must hash to its name, and extraction refuses absolute paths,
+    ``..``, links out of ``dest`` and device files (see :func:`unpack`).
     """
     digest = str(ref.get("archive", ""))
     try:
@@ -354,7 +354,16 @@ def restore(store: Store, run_id: str, ref: dict[str, Any], dest: Path | str) ->
     return unpack(packed, digest, dest, limit=int(ref.get("bytes", 0)) * 2 + (16 << 20))
 
 
-def unpack(packed: bytes, digest: str, dest: Path | str, limit: int) -> list[str]:
+def unpack(packed: bytes, digest: str, dest: Path | str, limit: int, *,
+           data_filter: bool | None = None) -> list[str]:
+    """Extract a code archive whose tar hashes to ``digest`` into ``dest``.
+
+    Every member is checked here (no absolute path, no ``..``, no link leading out of
+    ``dest``, no device file) and the extraction also uses tarfile's ``data`` filter where
+    this Python has one (3.10.12+, 3.11.4+; ``data_filter=None``: when available). A
+    node's stock Python may be older: the checks alone guard it then.
+    """
+    use_filter = hasattr(tarfile, "data_filter") if data_filter is None else data_filter
     try:
         with gzip.GzipFile(fileobj=io.BytesIO(packed)) as stream:
             tar_bytes = stream.read(limit + 1)
@@ -368,11 +377,43 @@ def unpack(packed: bytes, digest: str, dest: Path | str, limit: int) -> list[str
         with tarfile.open(fileobj=io.BytesIO(tar_bytes), mode="r:") as tar:
             members = tar.getmembers()
             for member in members:
+                _check_member(dest, member)
                 _clear_link(dest, member)
-            tar.extractall(dest, members=members, filter="data")
+            if use_filter:
+                tar.extractall(dest, members=members, filter="data")
+            else:
+                tar.extractall(dest, members=members)
     except tarfile.TarError as error:
         raise SnapshotError(f"code archive {digest[:12]} is unsafe or corrupt: {error}") from None
     return [m.name for m in members]
+
+
+def _check_member(dest: Path, member: tarfile.TarInfo) -> None:
+    """Refuse a member that would write or point outside ``dest``, or is not a plain file,
+    directory or link; make its mode and owner harmless (what the ``data`` filter does)."""
+    root = dest.resolve()
+    name = member.name
+    path = dest / name
+    if name.startswith("/") or ".." in name.split("/") or not (
+            path == dest or _within(root, path.parent)):
+        raise tarfile.TarError(f"member {name!r} leaves the destination")
+    if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
+        raise tarfile.TarError(f"member {name!r} is a device, fifo or other special file")
+    if member.issym():
+        target = os.path.join(os.path.dirname(name), member.linkname)
+        if os.path.isabs(member.linkname) or not _within(root, dest / target):
+            raise tarfile.TarError(f"link {name!r} points outside the destination")
+    if member.islnk() and (os.path.isabs(member.linkname)
+                           or not _within(root, dest / member.linkname)):
+        raise tarfile.TarError(f"hard link {name!r} points outside the destination")
+    member.mode = (member.mode & 0o755) | (0o600 if member.isfile() else 0)
+    member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
+
+
+def _within(root: Path, path: Path) -> bool:
+    """Whether ``path`` (links already on disk followed) stays under ``root``."""
+    resolved = os.path.realpath(path)
+    return resolved == str(root) or resolved.startswith(str(root) + os.sep)
 
 
 def _clear_link(dest: Path, member: tarfile.TarInfo) -> None:

@@ -25,10 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from burst import events
-from burst.env import codearchive, lockfile
+from burst.env import codearchive, lockfile, wheelhouse
 from burst.env.redact import scrub_text
 from burst.errors import BurstError
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
+from burst.store import is_local
 from burst.store.base import Store
 
 FREEZE_ENV = "BURST_FREEZE"
@@ -47,12 +48,16 @@ class FreezeResult:
     lockfile_new: bool = False
     code_new: bool = False
     problems: list[str] = field(default_factory=list)
+    wheelhouse: wheelhouse.Uploaded | None = None  # None: not built (off, or already there)
 
 
 def freeze(store: Store, run_id: str, *, code_dir: Path | str | None = None,
            code: bool = True, max_code_bytes: int | None = None,
-           lock: lockfile.Lockfile | None = None) -> FreezeResult:
-    """Freeze now and store it; raise ``BurstError`` on a problem a user must fix."""
+           lock: lockfile.Lockfile | None = None,
+           wheels: wheelhouse.Target | None = None,
+           say: wheelhouse.Say | None = None) -> FreezeResult:
+    """Freeze now and store it; raise ``BurstError`` on a problem a user must fix.
+    ``wheels``: also store the lockfile's wheelhouse for that node (:mod:`wheelhouse`)."""
     root = Path(code_dir).resolve() if code_dir else default_code_dir()
     lock = lock or lockfile.build(root)
     known = store.size(lockfile.key(run_id, lock.digest)) is not None
@@ -62,6 +67,8 @@ def freeze(store: Store, run_id: str, *, code_dir: Path | str | None = None,
         captured = codearchive.capture(root, max_bytes=max_code_bytes,
                                        exclude=_local_store_root(store))
         result.code_ref, result.code_new = codearchive.upload(store, run_id, captured)
+    if wheels is not None:
+        result.wheelhouse = wheelhouse.ensure(store, run_id, lock, wheels, say=say)
     events.record(store, run_id, "freeze", lockfile_hash=digest,
                   code_archive=(result.code_ref or {}).get("archive"),
                   code_skipped=(result.code_ref or {}).get("skipped", []))
@@ -96,6 +103,7 @@ _LOCKS: dict[tuple[str, str], threading.Lock] = {}
 _GUARD = threading.Lock()
 _LOCKFILE: list[lockfile.Lockfile] = []
 _UPLOADS: list[threading.Thread] = []
+_EXIT_WAIT: list[bool] = []  # holds True once wait_uploads is registered with atexit
 EXIT_WAIT_SECONDS = 120.0
 
 
@@ -154,10 +162,20 @@ def _freeze_quietly(store: Store, run_id: str) -> FreezeResult:
             _failed(store, run_id, "code", error, result)
     thread = threading.Thread(target=_upload_quietly, name="burst-freeze-upload", daemon=True,
                               args=(store, run_id, lock, captured, result))
+    _wait_at_exit()
     thread.start()
     with _GUARD:
         _UPLOADS.append(thread)
     return result
+
+
+def _wait_at_exit() -> None:
+    """Register the bounded wait for uploads at exit, once, when the first upload starts:
+    importing this module (``burst env``, any CLI command) must not arm a 120 s wait."""
+    with _GUARD:
+        if not _EXIT_WAIT:
+            atexit.register(wait_uploads, EXIT_WAIT_SECONDS)
+            _EXIT_WAIT.append(True)
 
 
 def wait_uploads(timeout: float | None = None) -> bool:
@@ -173,9 +191,6 @@ def wait_uploads(timeout: float | None = None) -> bool:
         return not _UPLOADS
 
 
-atexit.register(wait_uploads, EXIT_WAIT_SECONDS)
-
-
 def _upload_quietly(store: Store, run_id: str, lock: lockfile.Lockfile,
                     captured: codearchive.Captured | None, result: FreezeResult) -> None:
     try:
@@ -187,7 +202,21 @@ def _upload_quietly(store: Store, run_id: str, lock: lockfile.Lockfile,
             _, result.code_new = codearchive.upload(store, run_id, captured)
         except Exception as error:
             _failed(store, run_id, "code", error, result)
+    _wheelhouse_quietly(store, run_id, lock, result)
     # no success event: every manifest names the freeze; only failures are news
+
+
+def _wheelhouse_quietly(store: Store, run_id: str, lock: lockfile.Lockfile,
+                        result: FreezeResult) -> None:
+    """The run's wheels, for a remote store only: a local one is the local tier, and
+    ``burst push`` builds the wheelhouse where it pushes (``$BURST_WHEELS=none``: never)."""
+    try:
+        if is_local(store) or wheelhouse.default_policy() == "none":
+            return
+        result.wheelhouse = wheelhouse.ensure(store, run_id, lock,
+                                              wheelhouse.target_for(lock))
+    except Exception as error:
+        _failed(store, run_id, "wheelhouse", error, result)
 
 
 def _failed(store: Store, run_id: str, what: str, error: Exception,

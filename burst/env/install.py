@@ -10,7 +10,13 @@ libraries the old build pinned (``nvidia-*``, ``triton``) are left for the new b
 choose. Editable and local installs are not portable: the project arrives as the code
 archive, and an editable install that lives inside it is installed from there.
 
-Indexes: ``--index-url`` wins; otherwise a node that has its own index configured keeps it
+A downloaded wheelhouse (:mod:`burst.env.wheelhouse`) comes first: what it holds is
+installed with ``--no-index --find-links``, and only what it lacks goes to an index. Entries
+whose environment marker does not hold on this node are skipped, and what the environment
+already has at the pinned version (torch that the bootstrap installed) is not installed again.
+
+Indexes: ``--index-url`` wins, then the mirror the task forwards (``$BURST_INDEX_URL``,
+``$BURST_EXTRA_INDEX_URL``); otherwise a node that has its own index configured keeps it
 (its credentials stay its own); otherwise the mirror recorded at freeze time is used. uv is
 used when it is on PATH, pip otherwise.
 """
@@ -18,6 +24,7 @@ used when it is on PATH, pip otherwise.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -27,12 +34,16 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from burst.env import lockfile as lockfiles
 from burst.env import machine as envfacts
-from burst.env import pkgindex, torchvariant
+from burst.env import pkgindex, torchvariant, wheelhouse
+from burst.env.check import live_in
 from burst.env.lockfile import TORCH_FAMILY, Lockfile, Package
 from burst.errors import BurstError, ConfigError
 
 TORCH_INDEX_ENV = "BURST_TORCH_INDEX"
+INDEX_ENV = "BURST_INDEX_URL"  # a mirror the task forwards: for what the wheelhouse lacks
+EXTRA_INDEX_ENV = "BURST_EXTRA_INDEX_URL"
 
 
 class InstallError(BurstError):
@@ -50,6 +61,7 @@ class Options:
     find_links: list[str] = field(default_factory=list)
     no_index: bool = False
     torch_index: str | None = None  # a template with {variant}
+    wheelhouse: Path | None = None  # a downloaded wheelhouse: installed from first
 
 
 @dataclass
@@ -63,12 +75,28 @@ class Plan:
     skipped: list[dict[str, str]]
     editable: list[str]  # paths, relative to the code directory, to install with -e
     notes: list[str]
+    wheelhouse: str | None = None
+    from_wheelhouse: list[str] = field(default_factory=list)  # installed offline from it
+    present: list[str] = field(default_factory=list)  # already installed at the pin
+    constraints: list[str] = field(default_factory=list)  # every pin, for the index pass
 
-    def install_command(self, requirements_file: str) -> list[str]:
+    def install_command(self, requirements_file: str, constraints_file: str | None = None
+                        ) -> list[str]:
+        """The index pass: what the wheelhouse (if any) lacks, pinned by the whole lock."""
+        extra = ["--find-links", self.wheelhouse] if self.wheelhouse else []
+        if constraints_file:
+            extra += ["-c", constraints_file]
+        return [*self._installer(), "-r", requirements_file, *self.index_args, *extra]
+
+    def wheelhouse_command(self, requirements_file: str) -> list[str]:
+        """The offline pass: every pin the wheelhouse holds, no index asked."""
+        return [*self._installer(), "-r", requirements_file, "--no-index", "--find-links",
+                str(self.wheelhouse)]
+
+    def _installer(self) -> list[str]:
         if self.installer == "uv":
-            return ["uv", "pip", "install", "--python", self.python, "-r", requirements_file,
-                    *self.index_args]
-        return [*_pip(self.python), "install", "-r", requirements_file, *self.index_args]
+            return ["uv", "pip", "install", "--python", self.python]
+        return [*_pip(self.python), "install"]
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -97,8 +125,9 @@ def detect_target(*, gpu: str | None = None, capability: str | None = None,
     if forced:
         return torchvariant.Target("cuda", cuda=forced)
     if envfacts.nvidia_device_present():
-        raise ConfigError("this node has an NVIDIA device but NVML cannot read it (driver "
-                          "not loaded?): give --gpu NAME, --cuda X.Y or --cpu")
+        raise ConfigError("this node has an NVIDIA GPU but NVML cannot read it (no driver "
+                          "loaded, nvidia-smi fails): install the driver, or give --gpu NAME, "
+                          "--cuda X.Y or --cpu; burst will not install a CPU build here")
     if Path("/dev/kfd").exists():
         return torchvariant.Target("rocm")
     return torchvariant.Target("none")
@@ -122,8 +151,53 @@ def make_plan(lock: Lockfile, target: torchvariant.Target, options: Options,
     if torch_plan:
         notes.insert(0, f"torch build {torch_plan['recorded']} -> {torch_plan['variant']}: "
                         f"{torch_plan['reason']}")
-    return Plan(installer, python, create, requirements, index_args, torch_plan, skipped,
+    plan = Plan(installer, python, create, requirements, index_args, torch_plan, skipped,
                 editable, notes)
+    if create is None and options.venv is not None:
+        _drop_present(plan)
+    if options.wheelhouse is not None:
+        _use_wheelhouse(plan, lock, options.wheelhouse)
+    return plan
+
+
+def _drop_present(plan: Plan) -> None:
+    """What the environment already has at the pinned version is not installed again
+    (above all torch: the bootstrap put the card's build there from the wheelhouse)."""
+    try:
+        installed = live_in(plan.python).packages
+    except BurstError:
+        return
+    keep = []
+    for requirement in plan.requirements:
+        name, _, version = requirement.partition("==")
+        if version and installed.get(lockfiles.normalize(name)) == version:
+            plan.present.append(requirement)
+        else:
+            keep.append(requirement)
+    plan.requirements = keep
+
+
+def _use_wheelhouse(plan: Plan, lock: Lockfile, directory: Path) -> None:
+    """Split the requirements: those the wheelhouse holds go to the offline pass; an
+    editable project it holds a wheel of is installed from that wheel."""
+    held = wheelhouse.wheels_in(directory)
+    plan.wheelhouse = str(directory.absolute())
+    rest = []
+    for requirement in plan.requirements:
+        name, _, version = requirement.partition("==")
+        if version and held.get(lockfiles.normalize(name)) == version:
+            plan.from_wheelhouse.append(requirement)
+        else:
+            rest.append(requirement)
+    for package in lock.packages:
+        if not package.installable and package.name in held:
+            plan.from_wheelhouse.append(f"{package.name}=={held[package.name]}")
+            if package.in_code in plan.editable:
+                plan.editable.remove(package.in_code)
+    plan.requirements = rest
+    plan.constraints = [r for r in plan.from_wheelhouse + plan.present + rest if "==" in r]
+    plan.notes.append(f"wheelhouse {directory}: {len(plan.from_wheelhouse)} pinned "
+                      f"distributions from it, {len(rest)} from an index")
 
 
 def _installer(choice: str) -> str:
@@ -188,8 +262,13 @@ def _requirements(lock: Lockfile, target: torchvariant.Target, options: Options,
     choice = torchvariant.choose(torch.version, recorded, target) if torch else None
     changed = bool(choice and choice.variant != recorded)
     requirements, skipped, editable = [], [], []
+    here = lockfiles.node_environment(lock.python.get("version", "") or _here_python(),
+                                      platform.machine(), platform.system())
     for package in lock.packages:
-        if not package.installable:
+        if not lockfiles.applies(package, here):
+            skipped.append({"name": package.name,
+                            "reason": f"not needed here (marker {package.marker})"})
+        elif not package.installable:
             skipped.append({"name": package.name, "reason": _why_not(package)})
             if package.source == "editable" and package.in_code is not None:
                 editable.append(package.in_code)
@@ -209,6 +288,10 @@ def _requirements(lock: Lockfile, target: torchvariant.Target, options: Options,
                       "index": torchvariant.index_url(choice.variant, template)
                       if needs_index else None}
     return torch_plan, requirements, skipped, editable
+
+
+def _here_python() -> str:
+    return ".".join(map(str, sys.version_info[:3]))
 
 
 def torchvariant_of(lock: Lockfile) -> str:
@@ -241,6 +324,7 @@ def _index_args(lock: Lockfile, options: Options, installer: str, torch_plan: di
     extras = [i["url"] for i in lock.indexes if i.get("role") == "extra-index"
               and pkgindex.is_remote(i["url"]) and "{variant}" not in i["url"]
               and not pkgindex.torch_index_template([pkgindex.Index(i["url"], "x", "")])]
+    extras = env.get(EXTRA_INDEX_ENV, "").split() + extras
     if torch_plan and torch_plan.get("index"):
         extras.insert(0, torch_plan["index"])
     for url in dict.fromkeys(extras):
@@ -254,6 +338,9 @@ def _primary(lock: Lockfile, options: Options, env: dict[str, str], notes: list[
              ) -> str | None:
     if options.index_url:
         return options.index_url
+    if env.get(INDEX_ENV):
+        notes.append(f"the forwarded mirror ${INDEX_ENV} is used")
+        return env[INDEX_ENV]
     own = pkgindex.primary_index(pkgindex.configured_indexes(env))
     if own:
         notes.append(f"this node's own index is used: {own}")
@@ -273,15 +360,31 @@ def execute(plan: Plan, *, echo: Any = print) -> None:
     if plan.create:
         echo("$ " + " ".join(plan.create))
         _run(plan.create, "creating the environment")
-    if not plan.requirements:
+    if plan.present:
+        echo(f"already installed at the pinned version: {', '.join(plan.present)}")
+    if not plan.requirements and not plan.from_wheelhouse:
         echo("nothing to install: the lockfile pins no portable distribution")
         return
     with tempfile.TemporaryDirectory(prefix="burst-env-") as tmp:
-        requirements = Path(tmp) / "requirements.txt"
-        requirements.write_text("".join(f"{r}\n" for r in plan.requirements), encoding="utf-8")
-        command = plan.install_command(str(requirements))
-        echo("$ " + " ".join(command))
-        _run(command, f"installing {len(plan.requirements)} pinned distributions")
+        if plan.requirements:  # first: what the wheelhouse lacks may be needed by the rest
+            constraints = _write(Path(tmp) / "constraints.txt", plan.constraints)
+            command = plan.install_command(_write(Path(tmp) / "requirements.txt",
+                                                  plan.requirements),
+                                           constraints if plan.constraints else None)
+            echo("$ " + " ".join(command))
+            _run(command, f"installing {len(plan.requirements)} pinned distributions"
+                          + (" the wheelhouse lacks" if plan.wheelhouse else ""))
+        if plan.from_wheelhouse:
+            command = plan.wheelhouse_command(_write(Path(tmp) / "wheelhouse.txt",
+                                                     plan.from_wheelhouse))
+            echo("$ " + " ".join(command))
+            _run(command, f"installing {len(plan.from_wheelhouse)} pinned distributions from "
+                          f"the wheelhouse")
+
+
+def _write(path: Path, lines: list[str]) -> str:
+    path.write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+    return str(path)
 
 
 def install_editable(plan: Plan, code_dir: Path, *, echo: Any = print) -> list[str]:

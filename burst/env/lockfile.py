@@ -12,6 +12,12 @@ Editable and local-path installs cannot be installed on another machine from a n
 version. The lockfile marks them ``installable: false``; the project code reaches the new
 node as the code archive instead (see :mod:`burst.codearchive`), and an editable install
 that lies inside the archived tree says where (``in_code``).
+
+A distribution that only some platforms need (``pywin32`` on Windows, ``nvidia-*`` on
+x86_64) carries the environment marker under which the distributions that require it ask
+for it (``marker``), read from their metadata; installing on another platform, and building
+a wheelhouse for one, skips the entries whose marker does not hold there. Lockfiles written
+before markers were recorded load as "needed everywhere".
 """
 
 from __future__ import annotations
@@ -20,11 +26,14 @@ import hashlib
 import json
 import re
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
+
+from packaging.markers import InvalidMarker, Marker, default_environment
+from packaging.requirements import InvalidRequirement, Requirement
 
 from burst.env import machine as envfacts
 from burst.env import pkgindex
@@ -56,6 +65,7 @@ class Package:
     installable: bool = True  # False: only this machine can install it (a local path)
     in_code: str | None = None  # editable/local dir inside the code archive: its path there
     torch_coupled: bool = False  # pinned by torch's build variant (nvidia-*, triton)
+    marker: str | None = None  # PEP 508 marker it is needed under; None: everywhere
 
     def requirement(self) -> str:
         """The pip requirement that reinstalls exactly this distribution elsewhere."""
@@ -102,6 +112,10 @@ class Lockfile:
     @property
     def digest(self) -> str:
         return hashlib.sha256(self.dumps()).hexdigest()
+
+    def applicable(self, environment: dict[str, str]) -> list[Package]:
+        """The packages whose marker holds in ``environment`` (see :func:`node_environment`)."""
+        return [p for p in self.packages if applies(p, environment)]
 
     def package(self, name: str) -> Package | None:
         wanted = normalize(name)
@@ -157,7 +171,9 @@ def collect_packages(paths: list[str] | None = None,
         if seen is None or (not _installed(seen) and _installed(dist)):
             dists[normalize(name)] = dist
     coupled = _torch_requirements(dists.get("torch"))
-    return [_package(name, dist, code_root, name in coupled or bool(_COUPLED.match(name)))
+    markers = required_markers(dists)
+    return [replace(_package(name, dist, code_root, name in coupled or bool(_COUPLED.match(name))),
+                    marker=markers.get(name))
             for name, dist in sorted(dists.items())]
 
 
@@ -204,6 +220,124 @@ def _inside(path: Path, root: Path | None) -> str | None:
         return path.resolve().relative_to(root.resolve()).as_posix()
     except ValueError:
         return None
+
+
+# -- markers -----------------------------------------------------------------------------
+
+_MAX_MARKER = 1000  # a marker longer than this is dropped (needed everywhere): safe, readable
+
+
+def required_markers(dists: dict[str, metadata.Distribution]) -> dict[str, str]:
+    """For each distribution that only conditional requirements pull in, the marker under
+    which it is needed: its requirers' ``Requires-Dist`` markers, each joined with the
+    requirer's own marker. A distribution something needs unconditionally, one the user
+    asked for (pip's ``REQUESTED``), or one whose marker does not even hold on this machine
+    (then it was installed for another reason) gets none."""
+    edges: dict[str, list[tuple[str, str | None]]] = {}
+    for name in sorted(dists):
+        for text in dists[name].requires or []:
+            try:
+                requirement = Requirement(text)
+            except InvalidRequirement:
+                continue
+            needed = normalize(requirement.name)
+            if needed in dists and needed != name:
+                marker = _without_extras(str(requirement.marker)) if requirement.marker else None
+                edges.setdefault(needed, []).append((name, marker))
+    here = default_environment()
+    out: dict[str, str] = {}
+    memo: dict[str, str | None] = {}
+    for name in sorted(dists):
+        marker = _marker_of(name, edges, dists, memo, frozenset())
+        if marker is not None and _holds(marker, dict(here)) and not _everywhere(marker):
+            out[name] = marker
+    return out
+
+
+_SAMPLES = [(python, machine, system) for python in ("3.8", "3.10", "3.13")
+            for machine, system in (("x86_64", "Linux"), ("aarch64", "Linux"),
+                                    ("AMD64", "Windows"), ("arm64", "Darwin"))]
+
+
+def _everywhere(marker: str) -> bool:
+    """A marker that holds on every platform burst knows says nothing: dropped."""
+    return all(_holds(marker, node_environment(*sample)) for sample in _SAMPLES)
+
+
+def _marker_of(name: str, edges: dict[str, list[tuple[str, str | None]]],
+               dists: dict[str, metadata.Distribution], memo: dict[str, str | None],
+               stack: frozenset[str]) -> str | None:
+    if name in memo:
+        return memo[name]
+    if name not in edges or name in stack or _requested(dists[name]):
+        return None  # top level, asked for, or a cycle: needed everywhere
+    alternatives: list[str] = []
+    for parent, edge in edges[name]:
+        above = _marker_of(parent, edges, dists, memo, stack | {name})
+        if above is None and edge is None:
+            alternatives = []
+            break
+        alternatives.append(_join(" and ", [m for m in (above, edge) if m]))
+    marker = _join(" or ", list(dict.fromkeys(alternatives))) if alternatives else None
+    if marker is not None and len(marker) > _MAX_MARKER:
+        marker = None
+    memo[name] = marker
+    return marker
+
+
+def _join(op: str, markers: list[str]) -> str:
+    if len(markers) == 1:
+        return markers[0]
+    return op.join(f"({m})" for m in markers)
+
+
+def _requested(dist: metadata.Distribution) -> bool:
+    try:
+        return dist.read_text("REQUESTED") is not None
+    except OSError:
+        return False
+
+
+_EXTRA = re.compile(r"""extra\s*[!=]=\s*(['"])[^'"]*\1|(['"])[^'"]*\2\s*[!=]=\s*extra""")
+_PLATFORM_VARIABLE = re.compile(r"\b(python_(full_)?version|os_name|sys_platform|platform_\w+|"
+                                r"implementation_\w+)\b")
+_TRUE = 'python_version >= "0"'  # a clause that always holds: stands in for an extra
+
+
+def _without_extras(marker: str) -> str | None:
+    """``extra == "x"`` clauses hold: the requirer is installed, so with the extras that
+    pulled the package in. What is left is the platform part, or None when nothing is."""
+    if not _PLATFORM_VARIABLE.search(_EXTRA.sub("", marker)):
+        return None
+    return _EXTRA.sub(_TRUE, marker)
+
+
+def _holds(marker: str, environment: dict[str, str]) -> bool:
+    try:
+        return bool(Marker(marker).evaluate({**environment, "extra": ""}))
+    except (InvalidMarker, ValueError, KeyError):
+        return True  # unreadable: install it, as before markers were recorded
+
+
+def applies(package: Package, environment: dict[str, str]) -> bool:
+    """Whether ``package`` is needed on the platform ``environment`` describes."""
+    return package.marker is None or _holds(package.marker, environment)
+
+
+def node_environment(python: str, machine: str = "x86_64", system: str = "Linux"
+                     ) -> dict[str, str]:
+    """Marker variables of a CPython ``python`` (``3.11`` or ``3.11.7``) node: what the
+    wheelhouse and the install evaluate markers against."""
+    parts = [*python.split("."), "0", "0"][:3]
+    full = ".".join(parts)
+    sys_platform = {"Linux": "linux", "Windows": "win32", "Darwin": "darwin"}.get(system,
+                                                                                  system.lower())
+    return {"implementation_name": "cpython", "implementation_version": full,
+            "os_name": "nt" if system == "Windows" else "posix",
+            "platform_machine": machine, "platform_release": "", "platform_system": system,
+            "platform_version": "", "python_full_version": full,
+            "platform_python_implementation": "CPython",
+            "python_version": ".".join(parts[:2]), "sys_platform": sys_platform, "extra": ""}
 
 
 def _compact(package: Package) -> dict[str, Any]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import platform
 import re
+import shutil
+import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -115,9 +117,36 @@ def _read_nvml(pynvml: Any) -> Gpu | None:
 
 
 def nvidia_device_present() -> bool:
-    """A cheap second opinion when NVML fails: does the kernel expose an NVIDIA device?
-    Used so that a broken NVML on a GPU node is an error, not a silent CPU install."""
-    return Path("/dev/nvidia0").exists() or Path("/proc/driver/nvidia/version").exists()
+    """A second opinion when NVML fails: is there an NVIDIA GPU, driver or not? Device
+    nodes (``/dev/nvidia*``), the driver's ``/proc`` entry, or an NVIDIA display/3D device
+    on the PCI bus (sysfs, else ``lspci``): a GPU node without a working driver is an error,
+    not a silent CPU install."""
+    if any(Path("/dev").glob("nvidia[0-9]*")) or Path("/proc/driver/nvidia/version").exists():
+        return True
+    return _nvidia_on_pci()
+
+
+_NVIDIA_VENDOR = "0x10de"
+
+
+def _nvidia_on_pci() -> bool:
+    devices = Path("/sys/bus/pci/devices")
+    if devices.is_dir():
+        for device in devices.iterdir():
+            with contextlib.suppress(OSError):
+                vendor = (device / "vendor").read_text().strip()
+                klass = (device / "class").read_text().strip()
+                if vendor == _NVIDIA_VENDOR and klass.startswith("0x03"):
+                    return True
+        return False
+    lspci = shutil.which("lspci")
+    if not lspci:
+        return False
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        done = subprocess.run([lspci, "-n"], capture_output=True, text=True, timeout=20,
+                              check=False)
+        return bool(re.search(r"\b03[0-9a-f]{2}: 10de:", done.stdout))
+    return False
 
 
 def _text(value: Any) -> str:

@@ -86,7 +86,7 @@ class BurstCallback(Callback):
     def on_exception(self, trainer: Trainer, pl_module: LightningModule,
                      exception: BaseException) -> None:
         if failure.classify(exception) is not None:
-            raise SystemExit(self.run._guard.recover(exception))
+            raise SystemExit(self.run.recover(exception))
 
 
 def _check_trainer(trainer: Trainer, run: Run) -> None:

@@ -3,8 +3,9 @@
 ``Run.steps`` counts optimizer steps itself because it hands out the micro-batches. A
 framework's loop hands them out instead, so the adapters report each micro-batch here
 and this class keeps the run's counters, step boundaries, fault injection and
-snapshots exactly as ``Run.steps`` would. It is the one place outside ``burst.training.run``
-that touches the run's internals, so the adapters stay small.
+snapshots exactly as ``Run.steps`` would, through the run's public hooks for foreign
+loops (``Run.adopt_sampler``, ``begin_step``, ``before_micro_batch``, ``end_step``...),
+so the adapters stay small.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 import torch
 
 from burst.errors import ConfigError
-from burst.training.run import Run, _check_same_data
+from burst.training.run import Run
 from burst.training.sampler import ResumableSampler, derive_seed
 
 
@@ -32,17 +33,8 @@ class ForeignLoop:
 
     def use_sampler(self, sampler: object) -> ResumableSampler:
         """Adopt the loader's sampler: check it is the snapshot's data, give it the layout."""
-        if not isinstance(sampler, ResumableSampler):
-            raise ConfigError("burst needs the training DataLoader to use "
-                              "sampler=burst.ResumableSampler(dataset) for an exact position")
-        run = self.run
-        sampler.global_batch = run.global_batch
-        sampler.rank, sampler.world_size = run.rank, run.world_size
-        if run._saved_sampler is not None:
-            _check_same_data(run._saved_sampler, sampler.state())
-            run._saved_sampler = None
-        run._sampler = self.sampler = sampler
-        return sampler
+        self.sampler = self.run.adopt_sampler(sampler)
+        return self.sampler
 
     def position(self, loader: object | None = None) -> None:
         """Point the sampler at the run's next unconsumed sample; give the loader its own
@@ -81,11 +73,9 @@ class ForeignLoop:
 
     def before_batch(self) -> None:
         """At a step's first micro-batch, remember the boundary (for an OOM); fire faults."""
-        run = self.run
         if self._micro == 0:
-            run._mark_boundary()
-            run._in_step, run._optimizer_stepped = True, False
-        run._injector.before_micro_batch(run.step + 1, self._micro)
+            self.run.begin_step()
+        self.run.before_micro_batch(self._micro)
 
     def after_batch(self, batch: Any, loss: Any = None) -> bool:
         """Count a finished micro-batch; True when it completed an optimizer step (which
@@ -95,13 +85,12 @@ class ForeignLoop:
         self._micro += 1
         if loss is not None:
             self.step_values.append(float(loss.detach() if hasattr(loss, "detach") else loss))
-        if not run._optimizer_stepped:
+        if not run.optimizer_stepped:
             return False
         if self.step_values:
             run.log(loss=sum(self.step_values) / len(self.step_values))
         samples, self._samples, self._micro, self.step_values = self._samples, 0, 0, []
-        run._in_step = False
-        run._complete_step(samples)
+        run.end_step(samples)
         return True
 
     def end_epoch(self) -> None:
@@ -109,7 +98,7 @@ class ForeignLoop:
         dropped (as ``Run.steps`` would), the next epoch starts at its first sample."""
         self._samples = self._micro = 0
         self.step_values = []
-        self.run._in_step = False
+        self.run.abandon_step()
         self.run.epoch += 1
         self.run.samples_in_epoch = 0
 

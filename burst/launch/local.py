@@ -8,6 +8,13 @@ across recoveries, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NO
 order. For tests and drills it can refuse the first K candidates for capacity, and preempt
 the job at optimizer step N (SIGTERM, as a cloud's preemption notice, or SIGKILL), after
 which it recovers like ``EAGER_NEXT_REGION``: a new node on the next candidate.
+
+Each node is sealed (:mod:`burst.launch.sealed`) where this machine allows it: it sees the
+system's ``/usr`` and ``/etc`` read-only, its own directory and the store, nothing else of
+this machine (not the source tree, the user's venv, pip's configuration or wheels), runs
+the system's ``python3`` with a stock PATH, and reaches no package index. Where it cannot
+be sealed the stub says so in one line and runs the node as a plain directory;
+``BURST_STUB_SEAL=require`` makes that an error, ``off`` skips sealing.
 """
 
 from __future__ import annotations
@@ -17,14 +24,15 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
 from burst.errors import BurstError, ConfigError
-from burst.launch import LaunchResult, Reporter
+from burst.launch import LaunchResult, Reporter, sealed
 from burst.launch.task import RenderedTask
 from burst.parallel.group import PORT_ENV
 
@@ -32,6 +40,10 @@ UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 PASS_THROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONHASHSEED",
                 "BURST_NODE_GPU", "CUDA_VISIBLE_DEVICES", "BURST_TEMPLATES")
+#: What a sealed node still takes from the launching shell: how to behave, not where things
+#: are (PATH, TMPDIR and BURST_TEMPLATES name this machine's files).
+SEALED_PASS_THROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONHASHSEED", "BURST_NODE_GPU",
+                       "CUDA_VISIBLE_DEVICES")
 MAX_RECOVERIES = 10  # preemptions are always recovered by SkyPilot; the stub stops a loop
 
 
@@ -54,24 +66,64 @@ class Faults:
             raise ConfigError(f"stub preemption must be term or kill, got {self.preempt!r}")
 
 
+@dataclass(frozen=True)
+class Sealing:
+    """How the stub seals a job's nodes: what each is given besides its own directory."""
+
+    binds: tuple[Path, ...]  # a file:// store
+    ports: tuple[int, ...] | None  # the store's loopback ports; None: this machine's network
+
+
 class LocalLauncher:
-    """The stub: nodes are directories under ``root``."""
+    """The stub: nodes are directories under ``root``, sealed where the machine allows.
+
+    ``seal``: ``auto``, ``require`` or ``off`` (default ``$BURST_STUB_SEAL``, else auto).
+    ``node_python``: the task runs this machine's interpreter (``--node-python``), which a
+    sealed node cannot see, so such a node is not sealed (an error under ``require``).
+    """
 
     kind = "local"
 
-    def __init__(self, root: Path | str, faults: Faults | None = None) -> None:
+    def __init__(self, root: Path | str, faults: Faults | None = None,
+                 seal: str | None = None, node_python: str | None = None) -> None:
         self.root = Path(root).expanduser().resolve()
         self.faults = faults or Faults()
+        self.seal = sealed.mode(seal)
+        self.node_python = node_python
 
     def describe(self, task: RenderedTask, secret_names: list[str]) -> list[str]:
         names = ", ".join(secret_names) or "none"
+        how = ("a sealed node (own mount, pid and network namespaces; system /usr and /etc "
+               "read-only; no package index)" if self.seal != "off" else "a plain directory")
         return [
-            f"# local SkyPilot stub: each node is a fresh directory under {self.root}",
+            f"# local SkyPilot stub: each node is a fresh directory under {self.root}, "
+            f"run as {how}",
             f"# candidates tried in order: {len(task.candidates)}; secrets in the "
             f"environment: {names}",
             "cd NODE/home && HOME=NODE/home SKYPILOT_*=... bash -c \"$SETUP\"",
             "cd NODE/home && HOME=NODE/home SKYPILOT_*=... bash -c \"$RUN\"",
         ]
+
+    def sealing(self, task: RenderedTask, report: Reporter) -> Sealing | None:
+        """How this task's nodes are sealed; None (said in one line) where they cannot be."""
+        if self.seal == "off":
+            report.say(f"stub: node NOT sealed (${sealed.SEAL_ENV}=off): it shares this "
+                       "machine's files, venv, pip configuration and network")
+            return None
+        why = (f"--node-python {self.node_python} is this machine's interpreter"
+               if self.node_python else sealed.problem())
+        if why:
+            if self.seal == "require":
+                raise sealed.SealError(f"stub: cannot seal the node ({why}) and "
+                                       f"${sealed.SEAL_ENV}=require")
+            report.say(f"stub: node NOT sealed ({why}); it runs on this machine as it is")
+            return None
+        ports = sealed.store_ports(task.envs)
+        if ports is None:
+            report.say("stub: node sealed, but on this machine's network: its store is not "
+                       "on this machine (package indexes are only pointed at a dead port)")
+        return Sealing(tuple(sealed.store_dirs(task.envs)),
+                       None if ports is None else tuple(ports))
 
     def launch(self, task: RenderedTask, secrets: Mapping[str, str],
                report: Reporter) -> LaunchResult:
@@ -93,8 +145,10 @@ class _Job:
         recovery = task.job_recovery or {}
         self.recover_codes = set(recovery.get("recover_on_exit_codes") or [])
         self.max_restarts = int(recovery.get("max_restarts_on_errors") or 0)
+        self.sealing: Sealing | None = None
 
     def run(self) -> LaunchResult:
+        self.sealing = self.launcher.sealing(self.task, self.report)
         index, restarts, recoveries = 0, 0, 0
         while True:
             index = self._provision(index)
@@ -142,19 +196,37 @@ class _Job:
         self.report.say(f"stub: launching {_label(candidate)} on {base}")
         dirs = [base / f"node{rank}" for rank in range(nodes)]
         envs = [self._env(candidate, d, rank, injected) for rank, d in enumerate(dirs)]
-        for directory, env in zip(dirs, envs, strict=True):
-            (directory / "home").mkdir(parents=True)
-            code = _bash(self.task.setup, env, directory, "setup", self.report)
-            if code != 0:
-                self.report.say(f"stub: setup failed on {directory} (exit {code})")
-                return code, base
-        codes = _parallel([(self.task.run, env, d) for d, env in zip(dirs, envs, strict=True)],
-                          self.report)
+        with self._network() as network:
+            shells = [self._shell(d, network) for d in dirs]
+            for directory, env, shell in zip(dirs, envs, shells, strict=True):
+                (directory / "home").mkdir(parents=True)
+                started = time.monotonic()
+                code = _bash(self.task.setup, env, directory, "setup", self.report, shell)
+                self.report.say(f"stub: setup on {directory.name} took "
+                                f"{time.monotonic() - started:.1f}s (exit {code})")
+                if code != 0:
+                    self.report.say(f"stub: setup failed on {directory} (exit {code})")
+                    return code, base
+            codes = _parallel([(self.task.run, env, d, shell) for d, env, shell
+                               in zip(dirs, envs, shells, strict=True)], self.report)
         return next((c for c in codes if c != 0), 0), base
+
+    def _network(self):
+        """One sealed network per job attempt (its nodes rendezvous on its loopback)."""
+        if self.sealing is None or self.sealing.ports is None:
+            return nullcontext(None)
+        return sealed.Loopback(self.sealing.ports)
+
+    def _shell(self, directory: Path, network: sealed.Loopback | None) -> _Shell:
+        if self.sealing is None:
+            return _Shell()
+        node = sealed.Node(directory / "sealed-root", directory / "home", self.sealing.binds)
+        return _Shell(node, network)
 
     def _env(self, candidate: dict, directory: Path, rank: int, injected: bool
              ) -> dict[str, str]:
-        env = {k: os.environ[k] for k in PASS_THROUGH if k in os.environ}
+        names = PASS_THROUGH if self.sealing is None else SEALED_PASS_THROUGH
+        env = {k: os.environ[k] for k in names if k in os.environ}
         count = _gpu_count(candidate)
         env.update({"HOME": str(directory / "home"), **self.task.envs, **self.secrets,
                     "SKYPILOT_TASK_ID": self.task_id,
@@ -168,26 +240,45 @@ class _Job:
         faults = self.launcher.faults
         if injected and faults.preempt_at is not None:
             env["BURST_FAULT"] = f"{faults.preempt}@{faults.preempt_at}"
+        if self.sealing is not None:
+            env = sealed.environment(env, directory / "home")
         return env
 
 
+@dataclass(frozen=True)
+class _Shell:
+    """Where a node's scripts run: this machine (``node`` None) or a sealed node."""
+
+    node: sealed.Node | None = None
+    network: sealed.Loopback | None = None
+
+    def argv(self, script: str) -> list[str]:
+        if self.node is None:
+            return ["bash", "-c", script]
+        return sealed.command(self.node, script, self.network)
+
+
 def _bash(script: str, env: dict[str, str], directory: Path, what: str,
-          report: Reporter) -> int:
+          report: Reporter, shell: _Shell | None = None) -> int:
+    shell = shell or _Shell()
+    if shell.node is not None:
+        shell.node.prepare()
     with open(directory / f"{what}.log", "w") as log:
-        process = subprocess.Popen(["bash", "-c", script], cwd=directory / "home", env=env,
+        process = subprocess.Popen(shell.argv(script), cwd=directory / "home", env=env,
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                    stdin=subprocess.DEVNULL, text=True, bufsize=1)
         _copy(process.stdout, log, report)
         return process.wait()
 
 
-def _parallel(jobs: list[tuple[str, dict[str, str], Path]], report: Reporter) -> list[int]:
+def _parallel(jobs: Sequence[tuple[str, dict[str, str], Path, _Shell]], report: Reporter
+              ) -> list[int]:
     """Run every node's ``run`` at once (the nodes of one job rendezvous with each other)."""
     codes = [0] * len(jobs)
 
     def one(i: int) -> None:
-        script, env, directory = jobs[i]
-        codes[i] = _bash(script, env, directory, "run", report)
+        script, env, directory, shell = jobs[i]
+        codes[i] = _bash(script, env, directory, "run", report, shell)
 
     threads = [threading.Thread(target=one, args=(i,)) for i in range(len(jobs))]
     for thread in threads:

@@ -11,6 +11,13 @@ Secrets reach the job without touching the box's disk: a tiny Python bootstrap r
 as JSON from the SSH channel's stdin and starts the job with them in its environment.
 Host keys are checked against known_hosts (the SSH config's ``UserKnownHostsFile``, else
 ``~/.ssh/known_hosts``); an unknown host is refused unless ``accept_new_host`` is set.
+
+No SkyPilot runs on the box, so nothing sets the ``SKYPILOT_*`` variables the task's
+torchrun line and ``burst node run``'s plan read. The launcher sets them itself, for one
+node and one process per GPU it uses: it counts the box's GPUs (``nvidia-smi``; none on a
+CPU box), takes the first GPU count the task asks for that the box has (all of them if
+none fits), and hides the rest with ``CUDA_VISIBLE_DEVICES``. A CPU box runs as many ranks
+as the task asks for (gloo). The world size planned and the processes started agree.
 """
 
 from __future__ import annotations
@@ -32,9 +39,11 @@ import paramiko
 from burst.errors import BurstError, ConfigError
 from burst.launch import LaunchResult, Reporter
 from burst.launch.task import RenderedTask
+from burst.parallel.group import one_box_env
 
 RECONNECT_SECONDS = 300.0  # how long to keep re-trying a dropped connection
 POLL_SECONDS = 0.5
+GPU_QUERY = "nvidia-smi --query-gpu=index --format=csv,noheader"
 
 # Runs on the box: read the secrets from stdin, start the job detached, print its pid.
 _BOOTSTRAP = r"""
@@ -132,7 +141,10 @@ class SSHLauncher:
         box = f"ssh -p {port} {user}@{self.target.host}"
         d = f"{self.remote_root}/{task.name}-<time>"
         names = ", ".join(secret_names) or "none"
+        counts = ",".join(map(str, task_gpu_counts(task))) or "1"
         return [
+            f"{box} {GPU_QUERY}  # GPUs on the box; the task asks for {counts} per node: "
+            "SKYPILOT_NUM_GPUS_PER_NODE (+ CUDA_VISIBLE_DEVICES) set to match",
             f"{box} mkdir -p {d}  # then sftp: task.env (envs), setup.sh, run.sh, job.sh",
             f"{box} {self.python} -c <bootstrap> {d}  # secrets on stdin ({names}); "
             "starts `bash job.sh` detached (setsid), output to job.log",
@@ -141,8 +153,17 @@ class SSHLauncher:
 
     def launch(self, task: RenderedTask, secrets: Mapping[str, str],
                report: Reporter) -> LaunchResult:
+        if task.num_nodes > 1:
+            raise ConfigError(f"the ssh launcher runs on one box; the task asks for "
+                              f"{task.num_nodes} nodes (use --nodes 1)")
         self._connect()
-        remote = self._prepare(task)
+        gpus = self._gpus(report)
+        world = box_env(task_gpu_counts(task), gpus)
+        report.say(f"{self.target.label}: {gpus or 'no'} GPU(s); running "
+                   f"{world['SKYPILOT_NUM_GPUS_PER_NODE']} process(es)"
+                   + (f" on CUDA_VISIBLE_DEVICES={world['CUDA_VISIBLE_DEVICES']}"
+                      if "CUDA_VISIBLE_DEVICES" in world else ""))
+        remote = self._prepare(task, world)
         pid = self._start(remote, secrets)
         where = f"ssh:{self.target.label}:{remote}"
         report.event("ssh-job", where=where, pid=pid)
@@ -207,13 +228,25 @@ class SSHLauncher:
 
     # -- the job ----------------------------------------------------------------------------
 
-    def _prepare(self, task: RenderedTask) -> str:
+    def _gpus(self, report: Reporter) -> int:
+        """The box's GPUs, as ``nvidia-smi`` lists them: 0 when it is missing or fails."""
+        code, out, err = self._exec(GPU_QUERY)
+        if code != 0:
+            if code != 127:  # not "command not found": a driver that should be looked at
+                last = (err.strip().splitlines() or out.strip().splitlines() or ["?"])[-1]
+                report.say(f"{self.target.label}: nvidia-smi failed (exit {code}: {last}); "
+                           "running as a CPU box")
+            return 0
+        return sum(1 for line in out.splitlines() if line.strip().isdigit())
+
+    def _prepare(self, task: RenderedTask, world: Mapping[str, str] | None = None) -> str:
         stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S-%f")
         root = _remote_path(self.remote_root)
         out = self._checked(f"d={root}/{shlex.quote(task.name + '-' + stamp)} && "
                             'mkdir -p "$d" && cd "$d" && pwd', "creating the node directory")
         remote = out.strip().splitlines()[-1]
-        files = {"task.env": _env_file(task.envs), "setup.sh": task.setup, "run.sh": task.run,
+        envs = {**task.envs, **(world or {})}
+        files = {"task.env": _env_file(envs), "setup.sh": task.setup, "run.sh": task.run,
                  "job.sh": _JOB.format()}
         assert self._client is not None
         with self._client.open_sftp() as sftp:
@@ -295,6 +328,36 @@ class SSHLauncher:
                                      ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
+
+
+def task_gpu_counts(task: RenderedTask) -> list[int]:
+    """The GPUs per node of each candidate, in the task's order (``"L4:2"`` -> 2)."""
+    counts = []
+    for candidate in task.candidates:
+        _, _, count = str(candidate.get("accelerators") or "").partition(":")
+        counts.append(int(count) if count.isdigit() else 1)
+    return counts
+
+
+def processes_on_box(counts: list[int], gpus: int) -> int:
+    """How many ranks the box runs: the first count the task asks for that the box has
+    (candidates are in the planner's order), else every GPU it has; a CPU box runs the
+    first count as CPU ranks."""
+    wanted = counts or [1]
+    if gpus <= 0:
+        return wanted[0]
+    return next((count for count in wanted if count <= gpus), gpus)
+
+
+def box_env(counts: list[int], gpus: int) -> dict[str, str]:
+    """The variables the task reads on a box with ``gpus`` GPUs: SkyPilot's for one node
+    and the processes it runs, and ``CUDA_VISIBLE_DEVICES`` when it uses fewer GPUs than
+    it has (so torchrun's ``LOCAL_RANK`` k is the k-th GPU used)."""
+    processes = processes_on_box(counts, gpus)
+    env = one_box_env(processes)
+    if 0 < processes < gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(i) for i in range(processes))
+    return env
 
 
 def _remote_path(path: str) -> str:

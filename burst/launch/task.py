@@ -12,9 +12,19 @@ What goes where, and why:
   rather than waiting where capacity just vanished), a bounded ``max_restarts_on_errors``
   and the exit codes where a new node helps: a GPU failure (87) and an OOM (86) the node
   could not shrink away. A script error is not retried: it would fail the same way.
-- ``envs``: the run id, the store URL and its non-secret settings, the plan policy.
+- ``envs``: the run id, the store URL and its non-secret settings, the plan policy, the
+  lockfile digest and its Python (``BURST_LOCKFILE_DIGEST``, ``BURST_PYTHON``) and the
+  package mirrors forwarded as a fallback.
 - ``secrets``: credential *names* only, with null values. The values are handed to the
   SDK at launch (:func:`load`) and never written to a file or printed.
+- ``setup``: :mod:`burst.resume.bootstrap`, embedded as a heredoc (it must run before
+  anything is installed, and the node has nothing of this machine's), puts burst into the
+  node's one venv from the run's wheelhouse in the store; ``burst node setup`` from that
+  venv restores the code and installs the rest of the lockfile into it.
+- ``run``: from ``code/<cwd>``, the working directory the code archive recorded, so the
+  entry point's paths (made relative to it at resume time) resolve on the node.
+
+The rendered YAML names no path of this machine.
 """
 
 from __future__ import annotations
@@ -36,16 +46,20 @@ TEMPLATES_ENV = "BURST_TEMPLATES"
 SINGLE, MULTI = "task.yaml.j2", "task-multinode.yaml.j2"
 RECOVER_ON = (EXIT_OOM, EXIT_GPU_FAILURE)
 DEFAULT_MAX_RESTARTS = 3
-INSTALLED_BURST = '"$BURST_NODE_DIR/bootstrap/bin/burst"'
+INSTALLED_BURST = '"$BURST_NODE_DIR/venv/bin/burst"'
+BOOTSTRAP_END = "BURST_BOOTSTRAP_END"  # the heredoc's terminator: no line of the file
 
 
 @dataclass(frozen=True)
 class NodeSoftware:
     """How the node gets burst and the run's environment.
 
-    ``python`` None: install burst (``burst_spec``) into a bootstrap venv, then the run's
-    environment from its lockfile. ``python`` set: the node already has an environment
-    (a prepared image, a lab box); it is checked against the lockfile instead.
+    ``python`` None (the normal path): the bootstrap installs burst into the node's venv
+    from the run's wheelhouse, then ``burst node setup`` the rest of the lockfile.
+    ``python`` set (a development override, ``--node-python``): the node already has an
+    environment at that interpreter (a prepared image, a lab box); it is checked against
+    the lockfile instead. ``burst_spec``: what pip asks a forwarded mirror for when the
+    wheelhouse holds no burst wheel.
     """
 
     python: str | None = None
@@ -77,6 +91,7 @@ class TaskSpec:
     software: NodeSoftware = field(default_factory=NodeSoftware)
     managed: bool = True
     max_restarts: int = DEFAULT_MAX_RESTARTS
+    workdir: str = "."  # where the node runs, relative to the restored code
 
     @property
     def num_nodes(self) -> int:
@@ -170,12 +185,30 @@ def render(spec: TaskSpec) -> RenderedTask:
         num_nodes=spec.num_nodes, job_recovery=job_recovery(spec),
         candidates=[resource_entry(p) for p in spec.candidates],
         envs=dict(spec.envs), secrets=list(spec.secret_names),
-        install_burst=spec.software.python is None, burst_spec=spec.software.burst_spec,
-        burst=spec.software.burst, setup_args=spec.software.node_flags,
+        bootstrap=bootstrap_source() if spec.software.python is None else None,
+        workdir=_workdir(spec.workdir), burst=spec.software.burst, setup_args=spec.software.node_flags,
         run_args=spec.software.node_flags, entry_point=shlex.join(spec.entry_point),
         torchrun=distributed.torchrun_shell(shlex.join(_script_of(spec.entry_point))),
     )
     return parse(text)
+
+
+def bootstrap_source() -> str:
+    """The text of :mod:`burst.resume.bootstrap`, for the setup's heredoc."""
+    from burst.resume import bootstrap
+
+    text = Path(bootstrap.__file__).read_text(encoding="utf-8").rstrip("\n")
+    if BOOTSTRAP_END in text.splitlines() or "\t" in text:
+        raise ConfigError(f"{bootstrap.__file__} cannot go into a heredoc as it is")
+    return text
+
+
+def _workdir(workdir: str) -> str:
+    """``code/<workdir>`` as a shell word suffix (empty for the code root)."""
+    clean = os.path.normpath(workdir or ".")
+    if clean.startswith(("/", "..")):
+        raise ConfigError(f"the node's working directory must be inside the code: {workdir!r}")
+    return "" if clean == "." else "/" + shlex.quote(clean)
 
 
 def _script_of(command: Sequence[str]) -> list[str]:

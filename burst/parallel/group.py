@@ -145,14 +145,30 @@ def torchrun_command(script: list[str], env: Mapping[str, str] | None = None,
 
 def torchrun_shell(script: str, port: int = DEFAULT_PORT, python: str = "python") -> str:
     """The same command as a bash line for a task's ``run:`` section: SkyPilot's variables
-    are read when the task runs, so one rendered template serves any cluster size."""
+    are read when the task runs, so one rendered template serves any cluster size. One
+    node is ``--standalone`` as in :func:`torchrun_command` (torchrun picks a free port,
+    so a box that already runs another job on the default one is no obstacle)."""
     return (
         'BURST_HEAD_IP=$(echo "$SKYPILOT_NODE_IPS" | head -n1) && '
+        'if [ "${SKYPILOT_NUM_NODES:-1}" = 1 ]; then BURST_RDZV=(--standalone); '
+        'else BURST_RDZV=(--nnodes="$SKYPILOT_NUM_NODES" --node-rank="$SKYPILOT_NODE_RANK"'
+        ' --master-addr="$BURST_HEAD_IP"'
+        f' --master-port="${{{PORT_ENV}:-{int(port)}}}"); fi && '
         f"{shlex.quote(python)} -m torch.distributed.run"
-        ' --nnodes="$SKYPILOT_NUM_NODES" --nproc-per-node="${SKYPILOT_NUM_GPUS_PER_NODE:-1}"'
-        ' --node-rank="$SKYPILOT_NODE_RANK" --master-addr="$BURST_HEAD_IP"'
-        f' --master-port="${{{PORT_ENV}:-{int(port)}}}" {script}'
+        ' --nproc-per-node="${SKYPILOT_NUM_GPUS_PER_NODE:-1}" "${BURST_RDZV[@]}"'
+        f" {script}"
     )
+
+
+def one_box_env(processes: int, address: str = "127.0.0.1") -> dict[str, str]:
+    """SkyPilot's variables for a task that runs on one box no SkyPilot manages (the
+    ``ssh`` launcher): node 0 of 1, ``processes`` ranks on it. The task's torchrun line and
+    ``burst node run``'s plan both read them, so the processes started and the world size
+    planned are the same number."""
+    if processes < 1:
+        raise ConfigError(f"a node runs at least one process, not {processes}")
+    return {"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1",
+            "SKYPILOT_NODE_IPS": address, "SKYPILOT_NUM_GPUS_PER_NODE": str(processes)}
 
 
 @dataclass(frozen=True)

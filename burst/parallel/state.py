@@ -22,8 +22,8 @@ from collections.abc import Callable
 import torch
 
 from burst.parallel.group import Group
+from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
-from burst.snapshot import tiers as snapshot
 from burst.state import capture as state_mod
 from burst.state import rank_rng, rng, tree
 from burst.store.base import Store

@@ -18,7 +18,7 @@ from burst import events
 from burst.errors import ConfigError, SnapshotError
 from burst.plan import cards as gpus
 from burst.plan import facts, planner, regions
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
 from burst.store.base import Store
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from burst import events
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
 from burst.store.base import Store
 from burst.training.metrics import EVENT as METRICS_EVENT
 

@@ -6,8 +6,12 @@ launched:
 1. a newer snapshot in the local tier (the crash happened before its upload) is pushed;
 2. the newest complete snapshot in the store is the starting point;
 3. the environment record is checked: a node can only rebuild a run that was frozen;
+   the entry point is made to travel with the code archive (:mod:`burst.resume.entrypoint`:
+   this machine's paths become paths in the archive; a script outside it is refused);
 4. the planner ranks where the run fits (spot first, then on-demand; cards, places);
-5. the task is rendered from ``templates/`` and parsed back with SkyPilot's parser;
+5. the run's wheelhouse is made sure of in the store (built and uploaded if missing: the
+   node installs burst and the lockfile from it, with no package index), and the task is
+   rendered from ``templates/`` and parsed back with SkyPilot's parser;
 6. a launcher runs it (SkyPilot, an SSH box, or the local stub) and streams progress.
 
 Launch and its end are events in the run's history, so ``burst status`` can say where the
@@ -16,9 +20,11 @@ run went. Credentials travel as SkyPilot secrets: names in the task, values only
 
 from __future__ import annotations
 
+import filecmp
 import os
 import re
 import shlex
+import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,16 +32,18 @@ from typing import Any
 from urllib.parse import urlparse
 
 from burst import events
-from burst.env import freeze
-from burst.env.lockfile import LockfileError
+from burst.env import codearchive, freeze
+from burst.env import wheelhouse as wheels
+from burst.env.lockfile import Lockfile, LockfileError
 from burst.errors import BurstError, ConfigError, SnapshotError
 from burst.launch import Launcher, LaunchResult, Reporter
 from burst.launch.task import NodeSoftware, RenderedTask, TaskSpec, render
 from burst.plan import planner
 from burst.plan.replan import Replan, replan
+from burst.resume import entrypoint, mirrors
 from burst.resume.node import PLAN_AMP_ENV, PLAN_MARGIN_ENV, PLAN_MICRO_ENV
+from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
-from burst.snapshot import tiers as snapshot
 from burst.store import Store, is_local, open_store
 from burst.store.settings import OPTIONS, resolve
 
@@ -111,8 +119,12 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
     manifest = snapshot.read_manifest(store, request.run_id)
     if manifest is None:
         raise SnapshotError(f"run {request.run_id!r} has no complete snapshot in {store.url}")
-    environment = environment_record(store, request, warnings)
-    command = list(request.command) or recorded_command(store, request)
+    lock, code_ref = frozen_record(store, request, warnings)
+    environment = environment_record(lock, code_ref, warnings)
+    travelled = travel(store, request.run_id, code_ref,
+                       list(request.command) or recorded_command(store, request))
+    warnings += travelled.warnings
+    command = travelled.command
     plans = replan(store, request.run_id, cards=request.cards, region=request.region,
                    infra=request.infra, counts=request.counts, nodes=request.nodes,
                    options=request.options, config=request.config,
@@ -120,9 +132,16 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
     candidates = fitting(plans, request.micro_batch)
     secrets, secret_warnings = secret_values(request)
     warnings += secret_warnings
+    envs = task_envs(request, lock)
+    if request.software.python is None:  # the node bootstraps: it needs the wheelhouse
+        warnings += ensure_wheelhouse(store, request, lock, say)
+        mirror_envs, mirror_secrets = mirrors.forwarded()
+        envs.update(mirror_envs)
+        secrets.update(mirror_secrets)
     spec = TaskSpec(request.run_id, manifest["step"], str(manifest.get("reason", "?")),
-                    task_name(request.run_id), candidates, command, task_envs(request),
-                    sorted(secrets), request.software, request.managed, request.max_restarts)
+                    task_name(request.run_id), candidates, command, envs,
+                    sorted(secrets), request.software, request.managed, request.max_restarts,
+                    workdir=travelled.workdir)
     task = render(spec)
     _check_no_secret(task, secrets)
     return Prepared(request, store, manifest["step"], pushed, environment, command, plans,
@@ -176,18 +195,26 @@ def push_newer_local(store: Store, request: Request, say: Callable[[str], None])
 # -- step 3: the environment record -------------------------------------------------------
 
 
-def environment_record(store: Store, request: Request, warnings: list[str]) -> dict[str, Any]:
-    """The lockfile and code the node will rebuild; missing ones stop the resume unless
-    the node brings its own environment (``--node-python``)."""
+def frozen_record(store: Store, request: Request, warnings: list[str]
+                  ) -> tuple[Lockfile | None, dict[str, Any] | None]:
+    """The lockfile and code the node will rebuild; a missing lockfile stops the resume
+    unless the node brings its own environment (``--node-python``)."""
     try:
-        lock, code_ref = freeze.load_frozen(store, request.run_id)
+        return freeze.load_frozen(store, request.run_id)
     except LockfileError as exc:
         if request.software.python is None:
             raise BurstError(f"{exc}; or pass --node-python for a node that already has the "
                              "environment") from None
         warnings.append(f"no frozen environment: the node's {request.software.python} is "
                         "used unchecked")
-        return {"lockfile": None, "code": None}
+        return None, codearchive.latest_ref(store, request.run_id)
+
+
+def environment_record(lock: Lockfile | None, code_ref: dict[str, Any] | None,
+                       warnings: list[str]) -> dict[str, Any]:
+    """What the node will rebuild, for printing."""
+    if lock is None:
+        return {"lockfile": None, "code": (code_ref or {}).get("archive")}
     torch = lock.package("torch")
     not_portable = [p.name for p in lock.packages if not p.installable and p.in_code is None]
     if not_portable:
@@ -199,6 +226,55 @@ def environment_record(store: Store, request: Request, warnings: list[str]) -> d
             "torch": torch.version if torch else None, "packages": len(lock.packages),
             "not_portable": not_portable,
             "code": (code_ref or {}).get("archive")}
+
+
+def travel(store: Store, run_id: str, code_ref: dict[str, Any] | None,
+           command: list[str]) -> entrypoint.Relocated:
+    """The command as the node runs it, from ``code/<cwd>`` of the restored archive; the
+    archive is fetched (and its hash checked) to know what it holds."""
+    if not code_ref:
+        return entrypoint.Relocated(command)
+    with tempfile.TemporaryDirectory(prefix="burst-code-") as tmp:
+        members = set(codearchive.restore(store, run_id, code_ref, tmp))
+
+        def same(local: str, member: str) -> bool:
+            """This machine's file is the archived one (or is gone: nothing to compare)."""
+            if not os.path.isfile(local):
+                return not os.path.exists(local)
+            return filecmp.cmp(local, os.path.join(tmp, member), shallow=False)
+
+        return entrypoint.relocate(command, members, code_ref.get("cwd", "."),
+                                   exists=os.path.isdir, same=same)
+
+
+def ensure_wheelhouse(store: Store, request: Request, lock: Lockfile | None,
+                      say: Callable[[str], None]) -> list[str]:
+    """Make sure the store holds the wheelhouse the node's bootstrap installs from (built
+    here, where a package index is reachable); a dry run only says whether it is there."""
+    if lock is None:
+        return []
+    target = wheels.target_for(lock)
+    if target.policy == "none":
+        return [f"${wheels.POLICY_ENV}=none: no wheelhouse, the node needs a package mirror "
+                "($BURST_INDEX_URL) for burst and every dependency"]
+    existing = wheels.load_index(store, request.run_id, lock.digest)
+    if existing is not None and existing.get("target") == target.to_json():
+        return []
+    if request.dry_run:
+        return [f"no wheelhouse for lockfile {lock.digest[:12]} ({target.machine}, python "
+                f"{target.python}, torch {target.torch_variant}) in the store yet: the resume "
+                "builds and uploads it first"]
+    say(f"building the wheelhouse of lockfile {lock.digest[:12]} for {target.machine} / "
+        f"python {target.python} / torch {target.torch_variant}")
+    uploaded = wheels.ensure(store, request.run_id, lock, target, say=say)
+    if uploaded is not None:
+        say(f"wheelhouse: {uploaded.wheels_sent} wheel(s) uploaded "
+            f"({uploaded.bytes_sent / 1e6:.1f} MB), {uploaded.wheels_present} already there")
+        missing = uploaded.index.get("missing") or []
+        if missing:
+            names = ", ".join(m["name"] for m in missing[:8])
+            return [f"not in the wheelhouse (the node asks a mirror): {names}"]
+    return []
 
 
 def recorded_command(store: Store, request: Request) -> list[str]:
@@ -249,8 +325,9 @@ def label(plan: planner.Plan) -> str:
 # -- step 5: envs and secrets ---------------------------------------------------------------
 
 
-def task_envs(request: Request) -> dict[str, str]:
-    """The run id, the store and its non-secret settings, the planning policy."""
+def task_envs(request: Request, lock: Lockfile | None = None) -> dict[str, str]:
+    """The run id, the store and its non-secret settings, the planning policy, and the
+    lockfile the node installs (its digest and Python)."""
     url, options = resolve(request.store_url)
     if urlparse(url).scheme in ("", "file"):
         url = open_store(url).url  # absolute: the node's working directory is another
@@ -258,6 +335,13 @@ def task_envs(request: Request) -> dict[str, str]:
             PLAN_AMP_ENV: request.options.amp, PLAN_MARGIN_ENV: str(request.options.margin)}
     if request.micro_batch is not None:
         envs[PLAN_MICRO_ENV] = str(request.micro_batch)
+    if lock is not None:
+        envs["BURST_LOCKFILE_DIGEST"] = lock.digest
+        python = ".".join(str(lock.python.get("version", "")).split(".")[:2])
+        if python:
+            envs["BURST_PYTHON"] = python
+    if request.software.python is None and request.software.burst_spec:
+        envs["BURST_SPEC"] = request.software.burst_spec
     for name, value in options.items():
         if name not in LOCAL_ONLY_SETTINGS and value is not None:
             envs[OPTIONS[name]] = str(value)

@@ -20,15 +20,15 @@ from pathlib import Path
 from burst import config as user_config
 from burst import events
 from burst.env import check as envcheck
-from burst.env import codearchive, freeze
+from burst.env import codearchive, freeze, wheelhouse
 from burst.env import install as envinstall
 from burst.env import machine as envfacts
 from burst.env.lockfile import LockfileError
 from burst.errors import BurstError, ConfigError
 from burst.plan import planner
 from burst.plan.replan import replan
+from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
-from burst.snapshot import tiers as snapshot
 from burst.store import Store, open_store
 from burst.supervise.agent import Agent, Policy
 
@@ -72,14 +72,28 @@ def setup(run_id: str, store: Store, *, python: str | None, venv: Path, code_dir
         say("the run has no frozen environment: using the interpreter as it is")
         return
     if python is None:
+        house = node_wheelhouse(store, run_id, lock.digest, say)
         plan = envinstall.make_plan(lock, envinstall.detect_target(),
-                                    envinstall.Options(venv=venv))
+                                    envinstall.Options(venv=venv, wheelhouse=house))
         envinstall.execute(plan, echo=say)
         for problem in envinstall.install_editable(plan, code_dir, echo=say):
             say(f"warning: {problem}")
         python = plan.python
     check_environment(lock, python, say)
     _checked_marker().write_text(f"{lock.digest} {python}\n")
+
+
+def node_wheelhouse(store: Store, run_id: str, digest: str, say: Say = print) -> Path | None:
+    """The run's wheelhouse on this node, ``$BURST_NODE_DIR/wheelhouse``: where the
+    bootstrap fetched it (each wheel there is hash-checked and kept, nothing is fetched
+    twice), completed from the store; None when the store has none for this lockfile."""
+    if wheelhouse.load_index(store, run_id, digest) is None:
+        say(f"no wheelhouse for lockfile {digest[:12]} in the store: installing from an index")
+        return None
+    dest = node_dir() / "wheelhouse"
+    index = wheelhouse.download(store, run_id, digest, dest)
+    say(f"wheelhouse: {len(index.get('wheels') or [])} wheels in {dest}")
+    return dest
 
 
 def _frozen(store: Store, run_id: str, required: bool):
@@ -153,7 +167,9 @@ class NodePlan:
 def plan_here(store: Store, run_id: str, card: Card, environ: Mapping[str, str] | None = None
               ) -> NodePlan:
     """The plan for this node. A GPU in the catalog is planned like any candidate; a CPU
-    node (or an unknown card) keeps the snapshot's layout and precision."""
+    node (or an unknown card) keeps the snapshot's layout and precision. Either way the
+    world size is the processes the task starts (``SKYPILOT_NUM_GPUS_PER_NODE`` per node),
+    not the GPUs NVML sees: a box with 8 GPUs running one process plans for one."""
     environ = os.environ if environ is None else environ
     manifest = snapshot.read_manifest(store, run_id)
     if manifest is None:
@@ -167,22 +183,23 @@ def plan_here(store: Store, run_id: str, card: Card, environ: Mapping[str, str] 
         from burst.plan.cards import load
 
         if load(user_config.load()).for_device(card.name) is not None:
-            return _planned(store, run_id, card, nodes, options, forced)
+            return _planned(store, run_id, card, nodes, _gpus_per_node(environ), options,
+                            forced)
     return _kept(manifest, card, forced, nodes, _gpus_per_node(environ))
 
 
-def _planned(store: Store, run_id: str, card: Card, nodes: int, options: planner.Options,
-             forced: int | None) -> NodePlan:
+def _planned(store: Store, run_id: str, card: Card, nodes: int, per_node: int,
+             options: planner.Options, forced: int | None) -> NodePlan:
     from burst.plan.cards import load
 
     name = load(user_config.load()).for_device(card.name or "")
     assert name is not None
-    result = replan(store, run_id, cards=[name.name], counts=[max(card.count, 1)],
+    result = replan(store, run_id, cards=[name.name], counts=[per_node],
                     nodes=nodes, options=options, config=user_config.load())
     chosen = result.choose()
     if forced is not None:
         chosen = chosen.with_micro_batch(forced)
-    summary = {"card": name.name, "count": card.count, "nodes": nodes,
+    summary = {"card": name.name, "count": per_node, "on_node": card.count, "nodes": nodes,
                "micro_batch": chosen.micro_batch, "accumulation": chosen.accumulation,
                "amp": chosen.amp, "probe": chosen.probe}
     return NodePlan(chosen.to_env(), summary, chosen.notes)
@@ -236,8 +253,10 @@ def _forced_micro(environ: Mapping[str, str]) -> int | None:
 
 def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | None,
         venv: Path, local_dir: Path, say: Say = print) -> int:
-    """Pull, check, re-plan, train; the exit code is the training process's (128+N for
-    a signal), so SkyPilot's ``recover_on_exit_codes`` sees burst's failure codes."""
+    """Pull, check, re-plan, train; the exit code is burst's code for how training ended
+    (86, 87, 88 from the ranks' failure records even when torchrun exits 1; else the
+    training process's status, 128+N for a signal), so SkyPilot's
+    ``recover_on_exit_codes`` sees burst's failure codes."""
     store = open_store(store_url)
     local = open_store(str(local_dir))
     transfer = sync.pull(store, local, run_id, log=say)
@@ -259,8 +278,9 @@ def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | No
                   env=env, say=lambda msg: say(f"agent: {msg}"))
     outcome = agent.run()
     code = outcome.returncode if outcome.returncode >= 0 else 128 - outcome.returncode
+    last = outcome.attempts[-1] if outcome.attempts else None
     _record(local, run_id, "node-exit", returncode=code, decision=outcome.decision,
-            message=outcome.message, **_where())
+            message=outcome.message, rank=last.rank if last else None, **_where())
     _publish_history(local, store, run_id, say)
     return code
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from burst import events
 from burst.errors import BurstError, SnapshotError
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
 from burst.store import Store
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from burst.snapshot.tiers import list_steps, read_manifest
+from burst.snapshot.reader import list_steps, read_manifest
 from burst.store.base import Store
 
 

@@ -6,9 +6,11 @@ frozen embedding, say) lands in a blob that already exists and is not written ag
 Tensors under ``PACK_THRESHOLD`` bytes are packed together so a model with thousands of
 small biases does not become thousands of objects.
 
-Nothing here unpickles. Reading a snapshot parses JSON, checks every declared size
-against every other before allocating, and verifies each blob's hash before any tensor
-built from it is returned.
+Nothing here unpickles, and nothing here needs torch: listing, showing, verifying and
+moving snapshots run on a machine without it (a laptop, a CI box). Reading a snapshot
+parses JSON and checks every declared size against every other before allocating; the
+torch side (laying tensors out into blobs, building them back) is
+:mod:`burst.snapshot.tensors`.
 """
 
 from __future__ import annotations
@@ -19,10 +21,7 @@ import math
 import re
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
-
-import torch
 
 from burst.errors import SnapshotError
 
@@ -34,20 +33,14 @@ MAX_MANIFEST_BYTES = 256 << 20  # far above any real manifest; a bigger one is h
 MAX_DIMS = 64  # torch allows at most 64 dimensions
 _DIGEST = re.compile(r"^[0-9a-f]{64}$")
 
-DTYPES: dict[str, torch.dtype] = {
-    name: getattr(torch, name)
-    for name in (
-        "float64", "float32", "float16", "bfloat16", "complex64", "complex128",
-        "int64", "int32", "int16", "int8", "uint8", "bool",
-        "uint16", "uint32", "uint64",
-        "float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz",
-    )
-    if isinstance(getattr(torch, name, None), torch.dtype)
+# Bytes per element of every dtype the format names (torch's spelling, without "torch.").
+# Part of the format, not of the torch at hand: a snapshot is checked the same everywhere.
+ITEMSIZES: dict[str, int] = {
+    "float64": 8, "float32": 4, "float16": 2, "bfloat16": 2, "complex64": 8, "complex128": 16,
+    "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
+    "uint16": 2, "uint32": 4, "uint64": 8,
+    "float8_e4m3fn": 1, "float8_e5m2": 1, "float8_e4m3fnuz": 1, "float8_e5m2fnuz": 1,
 }
-
-
-def dtype_name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def blob_key(run_id: str, digest: str) -> str:
@@ -74,70 +67,8 @@ def step_of_manifest_key(key: str) -> int | None:
     return int(name[:-5])
 
 
-def tensor_bytes(tensor: torch.Tensor) -> memoryview:
-    """The raw bytes of a contiguous CPU tensor, without copying."""
-    flat = tensor.detach().reshape(-1)
-    if flat.numel() == 0:
-        return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
-
-
-@dataclass
-class Blob:
-    """One blob to write: the tensors it holds and where each starts."""
-
-    names: list[str]
-    offsets: list[int]
-    size: int
-
-    def payload(self, tensors: dict[str, torch.Tensor]) -> memoryview:
-        """The blob's bytes; a single-tensor blob is the tensor's own memory, uncopied."""
-        if len(self.names) == 1 and self.offsets[0] == 0:
-            return tensor_bytes(tensors[self.names[0]])
-        out = bytearray(self.size)
-        for name, offset in zip(self.names, self.offsets, strict=True):
-            data = tensor_bytes(tensors[name])
-            out[offset : offset + len(data)] = data
-        return memoryview(out)
-
-
-def layout_blobs(tensors: dict[str, torch.Tensor]) -> list[Blob]:
-    """Group tensors into blobs: big ones alone, small ones packed in order."""
-    blobs: list[Blob] = []
-    pack = Blob([], [], 0)
-    for name, tensor in tensors.items():
-        nbytes = tensor.numel() * tensor.element_size()
-        if nbytes >= PACK_THRESHOLD:
-            blobs.append(Blob([name], [0], nbytes))
-            continue
-        offset = _align(pack.size)
-        pack.names.append(name)
-        pack.offsets.append(offset)
-        pack.size = offset + nbytes
-        if pack.size >= PACK_LIMIT:
-            blobs.append(pack)
-            pack = Blob([], [], 0)
-    if pack.names:
-        blobs.append(pack)
-    return blobs
-
-
-def _align(n: int) -> int:
-    return (n + ALIGN - 1) // ALIGN * ALIGN
-
-
 def sha256(data: memoryview | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def tensor_entry(tensor: torch.Tensor, digest: str, offset: int) -> dict[str, Any]:
-    return {
-        "blob": digest,
-        "dtype": dtype_name(tensor.dtype),
-        "shape": list(tensor.shape),
-        "offset": offset,
-        "nbytes": tensor.numel() * tensor.element_size(),
-    }
 
 
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
@@ -189,17 +120,17 @@ def _check_blobs(blobs: dict, source: str) -> None:
 def _check_tensor_entry(name: str, entry: Any, blobs: dict, source: str) -> None:
     if not isinstance(entry, dict):
         raise SnapshotError(f"{source}: tensor {name!r} has a malformed entry")
-    dtype = DTYPES.get(entry.get("dtype"))  # type: ignore[arg-type]
+    dtype = entry.get("dtype")
+    itemsize = ITEMSIZES.get(dtype) if isinstance(dtype, str) else None
     shape = entry.get("shape")
     offset, nbytes, digest = entry.get("offset"), entry.get("nbytes"), entry.get("blob")
-    if dtype is None:
-        raise SnapshotError(f"{source}: tensor {name!r} has unknown dtype {entry.get('dtype')!r}")
+    if itemsize is None:
+        raise SnapshotError(f"{source}: tensor {name!r} has unknown dtype {dtype!r}")
     if (not isinstance(shape, list) or len(shape) > MAX_DIMS
             or not all(_is_count(d) and d < 2**62 for d in shape)):
         raise SnapshotError(f"{source}: tensor {name!r} has a malformed shape")
     if not (_is_count(offset) and _is_count(nbytes)) or digest not in blobs:
         raise SnapshotError(f"{source}: tensor {name!r} points at no valid blob range")
-    itemsize = torch.empty((), dtype=dtype).element_size()
     if math.prod(shape) * itemsize != nbytes:
         raise SnapshotError(f"{source}: tensor {name!r} declares {nbytes} bytes for shape {shape}")
     if offset % itemsize or offset + nbytes > blobs[digest]["size"]:
@@ -208,18 +139,3 @@ def _check_tensor_entry(name: str, entry: Any, blobs: dict, source: str) -> None
 
 def _is_count(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def tensors_from_blob(
-    manifest: dict, digest: str, data: torch.Tensor, names: Iterable[str]
-) -> dict[str, torch.Tensor]:
-    """Views into a verified blob's bytes for the named tensors (checked by parse_manifest)."""
-    out = {}
-    for name in names:
-        entry = manifest["tensors"][name]
-        dtype = DTYPES[entry["dtype"]]
-        raw = data[entry["offset"] : entry["offset"] + entry["nbytes"]]
-        out[name] = raw.view(dtype).reshape(entry["shape"]) if entry["nbytes"] else torch.empty(
-            entry["shape"], dtype=dtype
-        )
-    return out

@@ -27,7 +27,7 @@ from typing import Any
 from burst import killpoints
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
-from burst.snapshot.tiers import list_steps, read_manifest
+from burst.snapshot.reader import list_steps, read_manifest
 from burst.store.base import Store
 
 MARKER_TTL = 24 * 3600.0

@@ -1,20 +1,17 @@
 """Moving snapshots between stores: ``push`` (local tier → remote) and ``pull`` (back).
 
-Push commits the way every writer must: every blob first, each one hash-checked before it
-leaves and size-checked once it has landed, then the manifest, the only thing readers look
-for, with a conditional write where the server has one, so a snapshot is complete in the
-remote store or not there at all. A blob the remote already holds (same content-addressed
+Both commit through :mod:`burst.snapshot.commit`, the protocol every writer shares: an
+upload marker, every blob (verified), the manifest last, a repair pass for blobs a racing
+GC removed, so a snapshot is complete in the destination or not there at all. A push
+never replaces a step the remote already has (first writer wins); a pull puts the copy it
+was asked for in place. A blob the destination already holds (same content-addressed
 name, same size) is not sent again: that is what makes a frozen-backbone fine-tune upload
 only what changed, and a killed upload resume without re-sending what it had finished.
 
-While it runs, a push keeps a marker (``<run>/uploads/<step>.json``) listing the blobs it
-is about to reference; :mod:`burst.retention` never deletes those, so GC can run during an
-upload. After the manifest is written the push checks that every blob is still there and
-re-sends any that a concurrent GC removed in the moment between its check and the write.
-
-Pull fetches each blob with parallel ranged reads straight into a temporary file, checks
-its hash, and renames it into place; a missing or corrupt blob fails that snapshot and pull
-falls back to the newest older complete one, saying so.
+Push hash-checks each blob before it leaves, so a corrupt local copy is never published.
+Pull fetches each blob straight into a temporary file, checks its hash, and renames it
+into place; a missing or corrupt blob fails that snapshot and pull falls back to the
+newest older complete one, saying so.
 """
 
 from __future__ import annotations
@@ -23,26 +20,21 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from burst import events, killpoints
+from burst import events
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
-from burst.snapshot.tiers import check_manifest_size, list_steps
+from burst.snapshot.commit import OnBlob, commit
+from burst.snapshot.reader import list_steps, read_manifest_bytes
 from burst.store import LocalStore, Store
 from burst.store.retry import DEFAULT_RETRY, RetryPolicy, retry
 
 Progress = Callable[[int, int], None]  # (bytes just done, bytes in this snapshot)
 Log = Callable[[str], None]
-BLOB_WORKERS = 4
 # run files besides snapshots (the lockfile, the code archive) copied whole
 EXTRA_DIRS = ("env/", "code/")  # the history (events.jsonl) is merged, not copied
-
-
-def pending_key(run_id: str, step: int) -> str:
-    return fmt.marker_key(run_id, step)
 
 
 @dataclass
@@ -99,46 +91,21 @@ def push(src: Store, dst: Store, run_id: str, step: int | None = None, *, every:
 def push_snapshot(src: Store, dst: Store, run_id: str, step: int, *,
                   progress: Progress | None = None, policy: RetryPolicy = DEFAULT_RETRY
                   ) -> Transfer:
-    """Commit one snapshot of ``src`` into ``dst``: blobs, verified, then the manifest."""
+    """Commit one snapshot of ``src`` into ``dst``, unless ``dst`` already has that step."""
     started = time.monotonic()
-    raw, manifest = _read_manifest(src, run_id, step)
-    blobs = {d: info["size"] for d, info in manifest["blobs"].items()}
+    raw, manifest = read_manifest_bytes(src, run_id, step)
+    blobs = _sizes(manifest)
     transfer = Transfer(run_id, step, total_bytes=sum(blobs.values()))
-    key = fmt.manifest_key(run_id, step)
-    if retry(lambda: dst.size(key), policy) is not None:
-        transfer.manifest = "present"
-        _tick(progress, transfer.total_bytes, transfer.total_bytes)
-        return transfer
-    marker = pending_key(run_id, step)
-    retry(lambda: dst.put(marker, _marker(blobs)), policy)
-    killpoints.hit("push.marker-written")
-    _send_blobs(src, dst, run_id, blobs, transfer, progress, policy)
-    killpoints.hit("push.blobs-sent")
-    if not retry(lambda: dst.put_if_absent(key, raw), policy):
-        transfer.manifest = "present"  # another writer committed this step first: keep theirs
-    killpoints.hit("push.manifest-written")
-    _repair_missing(src, dst, run_id, blobs, transfer, policy)
-    retry(lambda: dst.delete(marker), policy)
-    killpoints.hit("push.marker-deleted")
+    if not commit(dst, run_id, step, raw, blobs,
+                  lambda digest, size: send_blob(src, dst, run_id, digest, size, policy),
+                  overwrite=False, points="push", policy=policy,
+                  on_blob=_counter(transfer, progress)):
+        transfer.manifest = "present"  # there before us, or another writer won: keep theirs
+    done = transfer.bytes_sent + transfer.bytes_skipped
+    if done < transfer.total_bytes:  # present from the start: nothing was counted
+        _tick(progress, transfer.total_bytes - done, transfer.total_bytes)
     transfer.seconds = time.monotonic() - started
     return transfer
-
-
-def _marker(blobs: dict[str, int]) -> bytes:
-    return fmt.encode_marker(blobs)
-
-
-def _send_blobs(src: Store, dst: Store, run_id: str, blobs: dict[str, int], transfer: Transfer,
-                progress: Progress | None, policy: RetryPolicy) -> None:
-    def one(digest: str) -> None:
-        size = blobs[digest]
-        present = retry(lambda: dst.size(fmt.blob_key(run_id, digest)), policy) == size
-        if not present:
-            send_blob(src, dst, run_id, digest, size, policy)
-        transfer.count(size, sent=not present)
-        _tick(progress, size, transfer.total_bytes)
-
-    _run_all(one, sorted(blobs, key=blobs.__getitem__, reverse=True))
 
 
 def send_blob(src: Store, dst: Store, run_id: str, digest: str, size: int,
@@ -149,16 +116,7 @@ def send_blob(src: Store, dst: Store, run_id: str, digest: str, size: int,
         if fmt.sha256(view) != digest:
             raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is corrupt in {src.url}: "
                                 "not uploading it")
-
-        def attempt() -> None:
-            killpoints.hit("push.blob")
-            dst.put(key, view)
-            landed = dst.size(key)
-            if landed != size:
-                raise SnapshotError(f"blob {digest[:12]} landed in {dst.url} as {landed} bytes, "
-                                    f"sent {size}")
-
-        retry(attempt, policy)
+        retry(lambda: dst.put(key, view), policy)
 
 
 @contextlib.contextmanager
@@ -182,16 +140,6 @@ def source_view(store: Store, key: str, size: int) -> Iterator[memoryview]:
     if actual != size:
         raise SnapshotError(f"{key} is {actual} bytes in {store.url}, the manifest says {size}")
     yield buffer
-
-
-def _repair_missing(src: Store, dst: Store, run_id: str, blobs: dict[str, int],
-                    transfer: Transfer, policy: RetryPolicy) -> None:
-    """Re-send blobs a GC running alongside deleted between our check and the manifest."""
-    present = set(retry(lambda: dst.list(f"{run_id}/blobs/"), policy))
-    for digest, size in blobs.items():
-        if fmt.blob_key(run_id, digest) not in present:
-            send_blob(src, dst, run_id, digest, size, policy)
-            transfer.count(size, sent=True)
 
 
 def copy_extras(src: Store, dst: Store, run_id: str,
@@ -249,21 +197,15 @@ def pull_snapshot(src: Store, dst: Store, run_id: str, step: int, *,
                   ) -> Transfer:
     """Copy one snapshot from ``src`` into ``dst``, every blob verified, manifest last."""
     started = time.monotonic()
-    raw, manifest = retry(lambda: _read_manifest(src, run_id, step), policy)
-    blobs = {d: info["size"] for d, info in manifest["blobs"].items()}
+    raw, manifest = retry(lambda: read_manifest_bytes(src, run_id, step), policy)
+    blobs = _sizes(manifest)
     transfer = Transfer(run_id, step, total_bytes=sum(blobs.values()))
 
-    def one(digest: str) -> None:
-        size = blobs[digest]
-        present = dst.size(fmt.blob_key(run_id, digest)) == size
-        if not present:
-            retry(lambda: fetch_blob(src, dst, run_id, digest, size), policy)
-        transfer.count(size, sent=not present)
-        _tick(progress, size, transfer.total_bytes)
+    def land(digest: str, size: int) -> None:
+        retry(lambda: fetch_blob(src, dst, run_id, digest, size), policy)
 
-    _run_all(one, sorted(blobs, key=blobs.__getitem__, reverse=True))
-    killpoints.hit("pull.blobs-fetched")
-    dst.put(fmt.manifest_key(run_id, step), raw)
+    commit(dst, run_id, step, raw, blobs, land, overwrite=True, points="pull", policy=policy,
+           on_blob=_counter(transfer, progress))
     transfer.seconds = time.monotonic() - started
     return transfer
 
@@ -295,25 +237,18 @@ def fetch_blob(src: Store, dst: Store, run_id: str, digest: str, size: int) -> N
 # -- helpers ----------------------------------------------------------------------------
 
 
-def _read_manifest(store: Store, run_id: str, step: int) -> tuple[bytes, dict]:
-    check_manifest_size(store, fmt.manifest_key(run_id, step))
-    try:
-        raw = store.get(fmt.manifest_key(run_id, step))
-    except KeyError:
-        raise SnapshotError(f"run {run_id!r} has no snapshot at step {step} in "
-                            f"{store.url}") from None
-    return raw, fmt.parse_manifest(raw, run_id=run_id, source=f"snapshot {run_id}@{step}")
+def _sizes(manifest: dict) -> dict[str, int]:
+    return {digest: info["size"] for digest, info in manifest["blobs"].items()}
 
 
-def _run_all(fn: Callable[[str], None], items: list[str]) -> None:
-    """Run ``fn`` over ``items`` on a few threads; the first failure is raised."""
-    if len(items) <= 1:
-        for item in items:
-            fn(item)
-        return
-    with ThreadPoolExecutor(min(BLOB_WORKERS, len(items)), thread_name_prefix="burst-sync") as pool:
-        for future in [pool.submit(fn, item) for item in items]:
-            future.result()
+def _counter(transfer: Transfer, progress: Progress | None) -> OnBlob:
+    """Count each blob the commit writes or finds there, and report progress."""
+
+    def on_blob(size: int, sent: bool) -> None:
+        transfer.count(size, sent)
+        _tick(progress, size, transfer.total_bytes)
+
+    return on_blob
 
 
 def _tick(progress: Progress | None, n: int, total: int) -> None:

@@ -9,8 +9,9 @@ Two buffer sets let one be persisted while the other takes the next shadow copy;
 persist is asked for while one is still running, the request is coalesced into the
 newest shadow when the thread comes free.
 
-The commit order is what makes a snapshot "complete or invisible": every blob is written
-and size-checked first, and the manifest, the only thing readers look for, last.
+The persister commits through :mod:`burst.snapshot.commit` (blobs first, verified, the
+manifest last), so a snapshot is complete or invisible; reading snapshots back is
+:mod:`burst.snapshot.reader` (and :mod:`burst.snapshot.tensors` for their tensors).
 """
 
 from __future__ import annotations
@@ -25,9 +26,12 @@ from typing import Any
 
 import torch
 
-from burst import killpoints
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
+from burst.snapshot import retention
+from burst.snapshot.commit import commit
+from burst.snapshot.reader import list_steps
+from burst.snapshot.tensors import Blob, layout_blobs, tensor_entry
 from burst.store.base import Store
 
 
@@ -187,27 +191,18 @@ def _one_line(exc: BaseException) -> str:
 
 
 def write_snapshot(store: Store, run_id: str, captured: Captured) -> dict:
-    """Commit ``captured``: blobs first (skipping ones the store has), then the manifest.
-
-    A marker naming the blobs is written before them and removed after the manifest, so a
-    ``burst gc`` running meanwhile keeps them (:mod:`burst.retention`); a blob that was
-    skipped because it existed, and that such a GC deleted anyway, is written again.
-    """
-    blobs = fmt.layout_blobs(captured.tensors)
-    tensor_entries: dict[str, dict] = {}
-    blob_sizes: dict[str, dict] = {}
+    """Commit ``captured`` into ``store`` (:func:`burst.snapshot.commit.commit`); return
+    its manifest. A snapshot of a step the store already has replaces it: the persister is
+    its tier's only writer, and a second commit of a step is the same state saved again
+    under a newer reason (an OOM or a signal after a periodic snapshot)."""
+    blobs = layout_blobs(captured.tensors)
     with ThreadPoolExecutor(max_workers=4) as pool:
         digests = list(pool.map(lambda b: fmt.sha256(b.payload(captured.tensors)), blobs))
-        marker = fmt.marker_key(run_id, captured.step)
-        store.put(marker, fmt.encode_marker(digests))
-        killpoints.hit("snapshot.marker-written")
-        skipped = list(pool.map(lambda b, d: _write_blob(store, run_id, b, d, captured.tensors),
-                                blobs, digests))
+    by_digest: dict[str, Blob] = dict(zip(digests, blobs, strict=True))
+    tensor_entries: dict[str, dict] = {}
     for blob, digest in zip(blobs, digests, strict=True):
-        blob_sizes[digest] = {"size": blob.size}
         for name, offset in zip(blob.names, blob.offsets, strict=True):
-            tensor_entries[name] = fmt.tensor_entry(captured.tensors[name], digest, offset)
-    killpoints.hit("snapshot.blobs-written")
+            tensor_entries[name] = tensor_entry(captured.tensors[name], digest, offset)
     manifest = {
         **captured.meta,
         "format": fmt.FORMAT_VERSION,
@@ -215,117 +210,24 @@ def write_snapshot(store: Store, run_id: str, captured: Captured) -> dict:
         "step": captured.step,
         "state": captured.tree,
         "tensors": tensor_entries,
-        "blobs": blob_sizes,
+        "blobs": {digest: {"size": blob.size} for digest, blob in by_digest.items()},
     }
-    store.put(fmt.manifest_key(run_id, captured.step), fmt.encode_manifest(manifest))
-    killpoints.hit("snapshot.manifest-written")
-    for blob, digest, was_there in zip(blobs, digests, skipped, strict=True):
-        if was_there and store.size(fmt.blob_key(run_id, digest)) != blob.size:
-            _write_blob(store, run_id, blob, digest, captured.tensors)  # a GC raced us
-    store.delete(marker)
-    killpoints.hit("snapshot.marker-deleted")
-    return manifest
 
+    def land(digest: str, _size: int) -> None:
+        store.put(fmt.blob_key(run_id, digest), by_digest[digest].payload(captured.tensors))
 
-def _write_blob(store: Store, run_id: str, blob: fmt.Blob, digest: str, tensors: dict) -> bool:
-    """Write one blob unless the store has it; True if it was already there."""
-    key = fmt.blob_key(run_id, digest)
-    if store.size(key) == blob.size:
-        return True  # content-addressed: the same bytes are already there
-    killpoints.hit("snapshot.blob")
-    store.put(key, blob.payload(tensors))
-    written = store.size(key)
-    if written != blob.size:
-        raise SnapshotError(f"blob {digest[:12]} reads back as {written} bytes, wrote {blob.size}")
-    return False
-
-
-def list_steps(store: Store, run_id: str) -> list[int]:
-    """Steps of the complete snapshots of ``run_id`` (those with a manifest), ascending."""
-    steps = (fmt.step_of_manifest_key(k) for k in store.list(f"{run_id}/snapshots/"))
-    return sorted(s for s in steps if s is not None)
-
-
-def read_manifest(store: Store, run_id: str, step: int | None = None) -> dict | None:
-    """The manifest at ``step`` (default: the newest); None if the run has no snapshot."""
-    if step is None:
-        steps = list_steps(store, run_id)
-        if not steps:
-            return None
-        step = steps[-1]
-    key = fmt.manifest_key(run_id, step)
-    check_manifest_size(store, key)
-    try:
-        data = store.get(key)
-    except KeyError:
-        raise SnapshotError(f"run {run_id!r} has no snapshot at step {step}") from None
-    return fmt.parse_manifest(data, run_id=run_id, source=f"snapshot {run_id}@{step}")
-
-
-def check_manifest_size(store: Store, key: str) -> None:
-    """Refuse to read a "manifest" bigger than any real one (a hostile or broken store)."""
-    size = store.size(key)
-    if size is not None and size > fmt.MAX_MANIFEST_BYTES:
-        raise SnapshotError(f"{key} in {store.url} is {size} bytes: too big to be a manifest")
-
-
-def load_tensors(store: Store, manifest: dict) -> dict[str, torch.Tensor]:
-    """Read and verify every blob of ``manifest``; return its tensors (views into the blobs)."""
-    by_blob: dict[str, list[str]] = {}
-    for name, entry in manifest["tensors"].items():
-        by_blob.setdefault(entry["blob"], []).append(name)
-    run_id = manifest["run_id"]
-
-    def load(digest: str) -> dict[str, torch.Tensor]:
-        data = read_blob(store, run_id, digest, manifest["blobs"][digest]["size"])
-        return fmt.tensors_from_blob(manifest, digest, data, by_blob[digest])
-
-    tensors: dict[str, torch.Tensor] = {}
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        for part in pool.map(load, by_blob):
-            tensors.update(part)
-    return tensors
-
-
-def read_blob(store: Store, run_id: str, digest: str, size: int) -> torch.Tensor:
-    """One blob's bytes, size- and hash-checked; never allocates more than the manifest said."""
-    key = fmt.blob_key(run_id, digest)
-    actual = store.size(key)
-    if actual is None:
-        raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is missing from the store")
-    if actual != size:
-        raise SnapshotError(f"blob {digest[:12]} is {actual} bytes, the manifest says {size}")
-    try:
-        data = torch.empty(size, dtype=torch.uint8)
-    except (RuntimeError, MemoryError):  # a hostile manifest, or simply too big for here
-        raise SnapshotError(f"blob {digest[:12]} needs {size} bytes of memory, more than this "
-                            "machine can allocate") from None
-    view = memoryview(data.numpy()).cast("B") if size else memoryview(bytearray())
-    if store.read_into(key, view) != size:
-        raise SnapshotError(f"blob {digest[:12]} changed size while being read")
-    if fmt.sha256(view) != digest:
-        raise SnapshotError(f"blob {digest[:12]} is corrupt: its bytes do not match its hash")
-    return data
-
-
-def verify(store: Store, run_id: str, step: int | None = None) -> dict:
-    """Check one snapshot end to end (manifest, every blob's size and hash); return it."""
-    manifest = read_manifest(store, run_id, step)
-    if manifest is None:
-        raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")
-    for digest, info in manifest["blobs"].items():
-        read_blob(store, run_id, digest, info["size"])
+    commit(store, run_id, captured.step, fmt.encode_manifest(manifest),
+           {digest: blob.size for digest, blob in by_digest.items()}, land,
+           overwrite=True, points="snapshot")
     return manifest
 
 
 def prune(store: Store, run_id: str, keep: int) -> list[int]:
     """Keep the newest ``keep`` snapshots; delete older manifests, then unreferenced blobs.
 
-    A thin wrapper over :func:`burst.retention.gc`, which owns the ordering that keeps this
-    safe against crashes and concurrent uploads; returns the dropped steps.
+    A thin wrapper over :func:`burst.snapshot.retention.gc`, which owns the ordering that
+    keeps this safe against crashes and concurrent uploads; returns the dropped steps.
     """
-    from burst.snapshot import retention  # retention reads manifests through this module
-
     if keep < 1 or len(list_steps(store, run_id)) <= keep:
         return []
     return retention.gc(store, run_id, keep_last=keep).dropped

@@ -6,7 +6,7 @@ on the network. One snapshot uploads at a time. When uploads fall behind, the ne
 committed snapshot wins: a step still waiting when a newer one arrives is skipped rather
 than uploaded stale (the one already uploading finishes, since its blobs are mostly shared
 with the next). Transient failures are retried with backoff and jitter
-(:mod:`burst.retry`); a snapshot that still fails is reported by :meth:`flush`, and the next
+(:mod:`burst.store.retry`); a snapshot that still fails is reported by :meth:`flush`, and the next
 submit tries again. A restarted process calls :meth:`catch_up`, and the push it starts
 skips every blob that already landed, so nothing verified is sent twice.
 """
@@ -19,8 +19,8 @@ import time
 from collections.abc import Callable
 
 from burst.errors import BurstError, StoreError
+from burst.snapshot.reader import list_steps
 from burst.snapshot.sync import Transfer, copy_extras, push_snapshot
-from burst.snapshot.tiers import list_steps
 from burst.store.base import Store
 from burst.store.retry import DEFAULT_RETRY, RetryPolicy
 

@@ -3,20 +3,27 @@
 One backend family per module: ``local`` (paths, ``file://``), ``memory`` (tests), ``s3``
 (boto3; AWS and S3-compatible services), ``oss`` (Alibaba OSS on the S3 code), ``gcs``
 (gcsfs, optional) and ``sftp`` (fsspec over paramiko). Settings come from flags, the
-environment and ``~/.config/burst/config.toml`` (see :mod:`burst.store.config`).
+environment and ``~/.config/burst/config.toml`` (see :mod:`burst.store.settings`).
+
+A backend's module is imported when a URL of its scheme is opened (or its class is asked
+for: ``LocalStore`` and ``MemoryStore`` load on first use, PEP 562), so ``burst ls`` on a
+directory never imports boto3 or paramiko, and an ``s3://`` user never pays for the others.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
 from burst.errors import ConfigError
 from burst.store.base import Store, TransientStoreError, check_key
-from burst.store.local import LocalStore
-from burst.store.memory import MemoryStore
 from burst.store.settings import resolve
+
+if TYPE_CHECKING:
+    from burst.store.local import LocalStore
+    from burst.store.memory import MemoryStore
 
 DEFAULT_STORE_ENV = "BURST_STORE"
 DEFAULT_STORE = ".burst"
@@ -26,6 +33,20 @@ __all__ = ["LocalStore", "MemoryStore", "Store", "TransientStoreError", "check_k
            "default_local_url", "default_store_url", "is_local", "open_store"]
 
 SCHEMES = ("file", "memory", "s3", "oss", "gs", "sftp")
+
+_LAZY = {"LocalStore": "burst.store.local", "MemoryStore": "burst.store.memory"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # later look-ups skip this hook
+        return value
+    raise AttributeError(f"module 'burst.store' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
 
 
 def default_store_url() -> str:
@@ -40,6 +61,9 @@ def default_local_url() -> str:
 
 def is_local(store: Store) -> bool:
     """True for stores on this machine (a directory or memory): no upload queue needed."""
+    from burst.store.local import LocalStore
+    from burst.store.memory import MemoryStore
+
     return isinstance(store, LocalStore | MemoryStore)
 
 
@@ -60,8 +84,12 @@ def open_store(url: str | os.PathLike[str] | Store | None = None, **flags: Any) 
     if scheme in ("", "file") or (len(scheme) == 1 and os.name == "nt"):
         if scheme == "file" and parsed.netloc not in ("", "localhost"):
             raise ConfigError(f"file:// URLs must be local paths, got {url!r}")
+        from burst.store.local import LocalStore
+
         return LocalStore(parsed.path if scheme == "file" else url)
     if scheme == "memory":
+        from burst.store.memory import MemoryStore
+
         return MemoryStore(parsed.netloc or parsed.path.strip("/") or "default")
     if scheme == "s3":
         from burst.store.s3 import S3Store

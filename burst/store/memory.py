@@ -10,6 +10,13 @@ _BUCKETS: dict[str, dict[str, bytes]] = {}
 _LOCK = threading.Lock()
 
 
+def reset() -> None:
+    """Forget every bucket, so the next ``memory://name`` starts empty (tests call this
+    between tests; a store opened before keeps its own, now detached, contents)."""
+    with _LOCK:
+        _BUCKETS.clear()
+
+
 class MemoryStore:
     """``memory://name`` stores with the same name share their contents within a process."""
 

@@ -1,8 +1,10 @@
 """The agent: supervise a training process, and act by policy when it fails.
 
 ``burst run -- python train.py`` starts the script as a child, watches the GPUs while it
-runs, and reads how it ended from its exit status (``burst.training.failure`` codes, set by the
-library inside the child). Then it decides:
+runs, and reads how it ended: from the failure records its ranks leave in a directory made
+fresh for each attempt (``$BURST_FAILURE_DIR``), else from its exit status
+(``burst.supervise.verdict``; torchrun turns a worker's 86 into 1, the records survive it).
+Then it decides:
 
 - ``retry-smaller`` (OOM): start the child again with a smaller micro-batch and a larger
   gradient accumulation; the global batch, and so every optimizer step's samples, stay
@@ -12,7 +14,10 @@ library inside the child). Then it decides:
   newest persisted snapshot.
 - ``stop``: leave it for a person, with the reason and the exact command to resume.
 
-Each start, exit, decision and restart is an event in the run's history.
+Each start, exit (with the rank whose record decided it), decision and restart is an event
+in the run's history. The agent's own exit code is burst's code for what happened (86 for an
+OOM it could not shrink away, even when torchrun said 1), so a supervisor above it, such as
+SkyPilot's ``recover_on_exit_codes``, can act on it.
 """
 
 from __future__ import annotations
@@ -28,8 +33,9 @@ from typing import TextIO
 
 from burst import events
 from burst.errors import ConfigError
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
 from burst.store.base import Store
+from burst.supervise import verdict as verdicts
 from burst.supervise.gpuwatch import GpuWatch
 from burst.training import failure
 
@@ -66,14 +72,17 @@ class Policy:
 class Attempt:
     number: int
     micro_batch: int | None
-    returncode: int
+    returncode: int  # the child's raw exit status
     kind: str
     seconds: float
+    code: int = 0  # burst's code for ``kind`` (the decisive record's), else ``returncode``
+    rank: int | None = None  # the rank whose failure record decided, None: the exit status
 
 
 @dataclass
 class Outcome:
-    """How supervision ended: the last exit status, every attempt, the final decision."""
+    """How supervision ended: burst's exit code for the last attempt, every attempt, the
+    final decision."""
 
     returncode: int
     attempts: list[Attempt] = field(default_factory=list)
@@ -102,6 +111,7 @@ class Agent:
         self.fault = fault  # injected into the first attempt only (drills)
         self.child_stdout = child_stdout  # e.g. stderr, when our stdout is for JSON
         self.micro_batch: int | None = _int_or_none(self.env.get("BURST_MICRO_BATCH"))
+        self.accumulation: int | None = None  # set with a smaller micro-batch
 
     def run(self) -> Outcome:
         outcome = Outcome(returncode=0)
@@ -112,7 +122,7 @@ class Agent:
             while True:
                 attempt = self._attempt(len(outcome.attempts) + 1)
                 outcome.attempts.append(attempt)
-                outcome.returncode = attempt.returncode
+                outcome.returncode = attempt.code
                 if attempt.kind in ("ok", "signal", "error"):
                     outcome.decision, outcome.message = _final(attempt)
                     return outcome
@@ -121,7 +131,7 @@ class Agent:
                     action = "stop"
                     self.say(f"giving up after {retries} retries")
                 decision = self._decide(attempt, action)
-                self._record("policy", kind=attempt.kind, action=decision,
+                self._record("policy", kind=attempt.kind, action=decision, rank=attempt.rank,
                              micro_batch=self.micro_batch, attempt=attempt.number)
                 if decision in ("retry-smaller", "restart"):
                     retries += 1
@@ -140,6 +150,8 @@ class Agent:
                "BURST_STORE": self.store_url}
         if self.micro_batch is not None:
             env["BURST_MICRO_BATCH"] = str(self.micro_batch)
+        if self.accumulation is not None:  # a node's plan says it too, and Run checks it
+            env["BURST_ACCUMULATION"] = str(self.accumulation)
         if self.fault:  # a drill's fault hits the first attempt, not the recovery
             if number == 1:
                 env["BURST_FAULT"] = self.fault
@@ -148,13 +160,17 @@ class Agent:
         self._record("child-start", attempt=number, command=shlex.join(self.command),
                      micro_batch=self.micro_batch)
         started = time.monotonic()
-        returncode = _run_child(self.command, env, self.child_stdout)
-        kind = failure.classify_exit(returncode)
+        with verdicts.record_directory() as records:
+            env[failure.RECORD_DIR_ENV] = str(records)
+            returncode = _run_child(self.command, env, self.child_stdout)
+            verdict = verdicts.judge(returncode, verdicts.read(records))
         seconds = time.monotonic() - started
-        self._record("child-exit", attempt=number, returncode=returncode, kind=kind,
-                     seconds=round(seconds, 3))
-        self.say(f"attempt {number}: {failure.describe_exit(returncode)} ({kind})")
-        return Attempt(number, self.micro_batch, returncode, kind, seconds)
+        self._record("child-exit", attempt=number, returncode=returncode, kind=verdict.kind,
+                     code=verdict.code, decided_by=verdict.source, rank=verdict.rank,
+                     records=[_brief(r) for r in verdict.records], seconds=round(seconds, 3))
+        self.say(f"attempt {number}: {verdict.describe()}")
+        return Attempt(number, self.micro_batch, returncode, verdict.kind, seconds,
+                       verdict.code, verdict.rank)
 
     def _decide(self, attempt: Attempt, action: str) -> str:
         if action != "retry-smaller":
@@ -168,10 +184,10 @@ class Agent:
         if smaller is None:
             self.say(f"micro-batch {layout['micro']} cannot shrink further")
             return "burst" if self.launcher else "stop"
+        accumulation = layout["global"] // (smaller * layout.get("world_size", 1))
         self.say(f"OOM: retrying with micro-batch {smaller} (was {layout['micro']}), "
-                 f"accumulation {layout['global'] // (smaller * layout.get('world_size', 1))}, "
-                 f"global batch {layout['global']} unchanged")
-        self.micro_batch = smaller
+                 f"accumulation {accumulation}, global batch {layout['global']} unchanged")
+        self.micro_batch, self.accumulation = smaller, accumulation
         return "retry-smaller"
 
     def _layout(self) -> dict | None:
@@ -236,6 +252,11 @@ def _run_child(command: list[str], env: dict[str, str], stdout: TextIO | None) -
     finally:
         for signum, handler in forwarded.items():
             signal.signal(signum, handler)
+
+
+def _brief(record: dict) -> dict:
+    """A record as the exit event keeps it (no pid or time: the event has its own)."""
+    return {key: record.get(key) for key in ("rank", "kind", "exit_code", "step")}
 
 
 def _int_or_none(value: str | None) -> int | None:

@@ -1,7 +1,9 @@
 """Fault injection for tests and drills: real failures at a chosen optimizer step.
 
-``BURST_FAULT`` holds ``KIND@STEP`` (several separated by commas); ``STEP`` is the
-optimizer step during which the fault fires (1-based, as ``Step.index``). Kinds:
+``BURST_FAULT`` holds ``KIND@STEP[:MICRO][/RANK]`` (several separated by commas); ``STEP``
+is the optimizer step during which the fault fires (1-based, as ``Step.index``), ``MICRO``
+the micro-batch within it, ``RANK`` the only rank it hits (torchrun's ``$RANK``; without
+it, every rank). Kinds:
 
 - ``oom``: a real ``torch.cuda.OutOfMemoryError`` while fetching a micro-batch (as if
   raised in the forward pass);
@@ -23,8 +25,6 @@ import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import torch
-
 from burst.errors import ConfigError
 
 ENV_FAULT = "BURST_FAULT"
@@ -36,18 +36,21 @@ class Fault:
     kind: str
     step: int
     micro_batch: int = 0
+    rank: int | None = None  # None: every rank
 
 
 def parse(spec: str | None) -> list[Fault]:
-    """Parse ``KIND@STEP[:MICRO],...``; a typo is a clear error, not a silent no-op."""
+    """Parse ``KIND@STEP[:MICRO][/RANK],...``; a typo is a clear error, not a silent no-op."""
     faults = []
     for part in filter(None, (p.strip() for p in (spec or "").split(","))):
         kind, _, where = part.partition("@")
+        where, slash, rank = where.partition("/")
         step, _, micro = where.partition(":")
-        if kind not in KINDS or not step.isdigit() or (micro and not micro.isdigit()):
-            raise ConfigError(f"bad fault {part!r}: use KIND@STEP[:MICRO] with KIND one of "
-                              f"{', '.join(KINDS)}")
-        faults.append(Fault(kind, int(step), int(micro or 0)))
+        if kind not in KINDS or not step.isdigit() or (micro and not micro.isdigit()) \
+                or (slash and not rank.isdigit()):
+            raise ConfigError(f"bad fault {part!r}: use KIND@STEP[:MICRO][/RANK] with KIND "
+                              f"one of {', '.join(KINDS)}")
+        faults.append(Fault(kind, int(step), int(micro or 0), int(rank) if slash else None))
     return faults
 
 
@@ -60,7 +63,9 @@ class Injector:
 
     @classmethod
     def from_env(cls) -> Injector:
-        return cls(parse(os.environ.get(ENV_FAULT)))
+        """The faults for this process: those for every rank, and those for its own."""
+        rank = int(os.environ.get("RANK") or 0)
+        return cls([f for f in parse(os.environ.get(ENV_FAULT)) if f.rank in (None, rank)])
 
     def before_micro_batch(self, step: int, micro_batch: int) -> None:
         for fault in self._due(step, ("oom", "sticky", "kill", "term"), micro_batch):
@@ -81,6 +86,8 @@ class Injector:
 
 
 def _fire(fault: Fault) -> None:
+    import torch  # only a firing fault needs it: `burst drill --help` parses faults torch-free
+
     where = f"injected at step {fault.step}"
     if fault.kind in ("oom", "oom-optimizer"):
         raise torch.cuda.OutOfMemoryError(

@@ -13,11 +13,22 @@ the state trustworthy:
 
 Anything else is a bug in the training script: burst keeps the snapshots it has and lets
 the error through unchanged.
+
+Exit codes alone do not survive every launcher (torchrun turns a worker's 86 into 1), so
+each rank that leaves through the guard also writes a *failure record*,
+``$BURST_FAILURE_DIR/rank-<rank>.json``, which the supervisor reads after the child exits.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 import signal
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -74,3 +85,59 @@ def describe_exit(returncode: int) -> str:
         except ValueError:
             return f"killed by signal {-returncode}"
     return f"exit code {returncode}"
+
+
+# -- failure records ---------------------------------------------------------------------
+
+RECORD_DIR_ENV = "BURST_FAILURE_DIR"  # set by the supervisor: a fresh directory per attempt
+RECORD_FIELDS = ("kind", "exit_code", "step", "rank", "pid", "time", "detail")
+
+
+def write_record(kind: str, exit_code: int, *, step: int | None, rank: int,
+                 detail: str = "") -> Path | None:
+    """Leave ``rank-<rank>.json`` in ``$BURST_FAILURE_DIR`` saying how this rank is leaving.
+
+    Written on the way out of a failing process, so it never raises (a record that cannot
+    be written must not replace the failure's own exit code with a traceback) and is
+    atomic (a temporary file renamed into place: a reader never sees half a record).
+    Returns the record's path, or None when the variable is unset or the write failed.
+    """
+    directory = os.environ.get(RECORD_DIR_ENV)
+    if not directory:
+        return None
+    record = {"kind": kind, "exit_code": exit_code, "step": step, "rank": rank,
+              "pid": os.getpid(),
+              "time": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+              "detail": detail}
+    target = Path(directory) / f"rank-{rank}.json"
+    tmp: str | None = None
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".rank-{rank}.", suffix=".tmp", dir=target.parent)
+        with os.fdopen(fd, "w") as out:
+            json.dump(record, out)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, target)
+        return target
+    except Exception:  # see the docstring: never raise on the way out
+        if tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        return None
+
+
+def read_records(directory: str | os.PathLike[str]) -> list[dict[str, Any]]:
+    """The failure records in ``directory``, sorted by rank. A file that cannot be read or
+    is not a record (a rank killed mid-write leaves no such file, but a person might) is
+    skipped: the supervisor falls back on the exit status for that rank."""
+    records = []
+    for path in sorted(Path(directory).glob("rank-*.json")):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            continue
+        if isinstance(record, dict) and isinstance(record.get("rank"), int) \
+                and isinstance(record.get("kind"), str):
+            records.append({field: record.get(field) for field in RECORD_FIELDS})
+    return sorted(records, key=lambda record: record["rank"])

@@ -1,9 +1,13 @@
 """What a run does while its process is failing: OOM, a dead GPU, a signal.
 
 The guard is installed by ``Run.attach``. It owns the process-wide hooks (SIGTERM and
-SIGINT handlers, ``sys.excepthook``) and turns each failure into the same three moves:
-save the freshest state that is still trustworthy, wait for the store, and exit with a
-code that says what happened (``burst.training.failure``) so the agent can pick a policy.
+SIGINT handlers, ``sys.excepthook``) and turns each failure into the same four moves:
+save the freshest state that is still trustworthy, wait for the store, leave a failure
+record, and exit with a code that says what happened (``burst.training.failure``) so the
+supervisor can pick a policy.
+
+The guard sees a run only through ``GuardedRun``, the few things it must ask of one, so
+it does not depend on ``burst.training.run`` (which depends on it).
 
 Recovery runs outside any ``except`` block: a CUDA OOM's traceback holds the frames,
 and with them the tensors, of the step that failed; clearing those frames first is what
@@ -21,23 +25,56 @@ import threading
 import time
 import traceback
 from types import FrameType, TracebackType
-from typing import TYPE_CHECKING, NoReturn
+from typing import Any, NoReturn, Protocol
 
 import torch
 
+from burst.state.capture import Components
 from burst.training import failure
-
-if TYPE_CHECKING:
-    from burst.training.run import Run
 
 DEFAULT_GRACE_SECONDS = 30.0
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
+class GuardedRun(Protocol):
+    """What the guard needs from a run (``burst.Run`` provides it): where it stands, and
+    the three ways to keep state that a failure leaves trustworthy."""
+
+    rank: int
+    step: int  # optimizer steps completed
+    micro_batch: int
+    components: Components
+
+    @property
+    def in_optimizer_step(self) -> bool:
+        """True while ``optimizer.step()`` runs (the live state is then half-updated)."""
+        ...
+
+    def layout(self) -> dict[str, int]:
+        """The batch layout (global, micro, accumulation, world_size), for failure events."""
+        ...
+
+    def save_boundary(self, reason: str) -> int | None:
+        """Snapshot the live state as it was at the last step boundary; return its step."""
+        ...
+
+    def persist_shadow(self, reason: str) -> int | None:
+        """Queue the newest RAM copy without touching the device; return its step."""
+        ...
+
+    def record_event(self, name: str, /, **fields: Any) -> None:
+        """Add an event to the run's history."""
+        ...
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every queued snapshot is stored; raise if one failed."""
+        ...
+
+
 class Guard:
     """Signal and exception handling for one run in this process."""
 
-    def __init__(self, run: Run, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> None:
+    def __init__(self, run: GuardedRun, grace_seconds: float = DEFAULT_GRACE_SECONDS) -> None:
         self.run = run
         self.grace_seconds = grace_seconds
         self.stop_requested: str | None = None
@@ -67,6 +104,8 @@ class Guard:
         name = signal.Signals(signum).name
         if self.stop_requested:
             _say(f"second {name}: exiting now")
+            self._leave_record("signal", 128 + signum, self.run.step,
+                               f"second {name}: exited at once, without a new snapshot")
             os._exit(128 + signum)
         self.stop_requested = name
         _say(f"{name}: snapshot at the next step boundary, then exit "
@@ -77,17 +116,23 @@ class Guard:
         """If no step boundary comes within the grace period, keep the RAM shadow and go."""
         time.sleep(self.grace_seconds * 0.8)
         _say("no step boundary within the grace period: saving the newest RAM copy")
-        self._persist_shadow("signal", budget=self.grace_seconds * 0.2)
+        saved = self._persist_shadow("signal", budget=self.grace_seconds * 0.2)
+        self._leave_record("signal", failure.EXIT_STOPPED, self.run.step,
+                           f"{self.stop_requested}: no step boundary within the grace "
+                           f"period; {_kept(saved)}")
         os._exit(failure.EXIT_STOPPED)
 
     def stop_at_boundary(self) -> NoReturn:
         """Called by the run at a step boundary after a signal, once the snapshot of that
         boundary is queued: record, flush, exit."""
         reason = self.stop_requested or "signal"
-        self.run._event("failure", kind="signal", signal=reason, step=self.run.step,
-                        action="snapshot at step boundary")
+        step = self.run.step
+        self.run.record_event("failure", kind="signal", signal=reason, step=step,
+                              action="snapshot at step boundary")
         self._flush(self.grace_seconds)  # the snapshot and the event above
-        _say(f"stopped after step {self.run.step}; snapshot saved")
+        self._leave_record("signal", failure.EXIT_STOPPED, step,
+                           f"{reason}: stopped at the boundary of step {step} with a snapshot")
+        _say(f"stopped after step {step}; snapshot saved")
         raise SystemExit(failure.EXIT_STOPPED)
 
     # -- exceptions ---------------------------------------------------------------------
@@ -101,7 +146,10 @@ class Guard:
             code = self.recover(exc)
         except BaseException as error:  # never let recovery itself end in a traceback
             _say(f"emergency handling failed: {error}")
-            code = failure.EXIT_OOM if failure.classify(exc) == "oom" else failure.EXIT_GPU_FAILURE
+            kind = failure.classify(exc) or "gpu-failure"
+            code = failure.EXIT_OOM if kind == "oom" else failure.EXIT_GPU_FAILURE
+            self._leave_record(kind, code, self.run.step + 1,
+                               f"{_first_line(exc)}; emergency handling failed: {error}")
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -119,37 +167,46 @@ class Guard:
 
     def _recover_oom(self, summary: str) -> int:
         run = self.run
-        in_optimizer = run._in_optimizer_step
+        in_optimizer = run.in_optimizer_step
         _free_memory(run)
         if in_optimizer:
             source = "RAM shadow (the optimizer step was interrupted)"
-            saved = run._persist_shadow("oom")
+            saved = run.persist_shadow("oom")
         else:
             source = "live state at the last step boundary"
-            saved = run._capture_boundary("oom")
-        run._event("failure", kind="oom", step=run.step + 1, in_optimizer_step=in_optimizer,
-                   snapshot_step=saved, error=summary, **run._layout())
+            saved = run.save_boundary("oom")
+        run.record_event("failure", kind="oom", step=run.step + 1,
+                         in_optimizer_step=in_optimizer, snapshot_step=saved, error=summary,
+                         **run.layout())
         self._flush(None)
+        outcome = f"snapshot of step {saved} from the {source}"
+        self._leave_record("oom", failure.EXIT_OOM, run.step + 1,
+                           f"{summary}; micro-batch {run.micro_batch}; {outcome}")
         _say(f"CUDA out of memory in step {run.step + 1} (micro-batch {run.micro_batch}); "
-             f"snapshot of step {saved} from the {source}; exit {failure.EXIT_OOM}")
+             f"{outcome}; exit {failure.EXIT_OOM}")
         return failure.EXIT_OOM
 
     def _recover_gpu_failure(self, summary: str) -> int:
         run = self.run
-        saved = run._persist_shadow("gpu-failure")
-        run._event("failure", kind="gpu-failure", step=run.step + 1, snapshot_step=saved,
-                   error=summary, **run._layout())
+        saved = run.persist_shadow("gpu-failure")
+        run.record_event("failure", kind="gpu-failure", step=run.step + 1,
+                         snapshot_step=saved, error=summary, **run.layout())
         self._flush(None)
-        kept = (f"RAM copy of step {saved} saved without touching CUDA" if saved is not None
-                else "no RAM copy yet, so the newest persisted snapshot stands")
+        kept = _kept(saved)
+        self._leave_record("gpu-failure", failure.EXIT_GPU_FAILURE, run.step + 1,
+                           f"{summary}; {kept}")
         _say(f"GPU failure in step {run.step + 1} ({summary}); {kept}; "
              f"exit {failure.EXIT_GPU_FAILURE}")
         return failure.EXIT_GPU_FAILURE
 
     def _persist_shadow(self, reason: str, budget: float | None) -> int | None:
-        step = self.run._persist_shadow(reason)
+        step = self.run.persist_shadow(reason)
         self._flush(budget)
         return step
+
+    def _leave_record(self, kind: str, exit_code: int, step: int, detail: str) -> None:
+        """The failure record the supervisor reads (the exit code may not reach it intact)."""
+        failure.write_record(kind, exit_code, step=step, rank=self.run.rank, detail=detail)
 
     def _flush(self, timeout: float | None) -> None:
         try:
@@ -158,7 +215,12 @@ class Guard:
             _say(f"the emergency snapshot could not be stored: {exc}")
 
 
-def _free_memory(run: Run) -> None:
+def _kept(saved: int | None) -> str:
+    return (f"RAM copy of step {saved} saved without touching CUDA" if saved is not None
+            else "no RAM copy yet, so the newest persisted snapshot stands")
+
+
+def _free_memory(run: GuardedRun) -> None:
     optimizer = run.components.optimizer
     if optimizer is not None:
         optimizer.zero_grad(set_to_none=True)

@@ -45,8 +45,9 @@ from burst.errors import ConfigError, SnapshotError
 from burst.parallel import partition
 from burst.parallel import state as dist_state
 from burst.parallel.group import Group, unwrap
-from burst.snapshot import sync
+from burst.snapshot import reader, sync
 from burst.snapshot import tiers as snapshot
+from burst.snapshot.tensors import load_tensors
 from burst.snapshot.upload import UploadQueue
 from burst.state import capture as state_mod
 from burst.state import rng
@@ -99,7 +100,27 @@ class Step:
 
 
 class Run:
-    """One training run: its identity, its batch layout, its snapshots."""
+    """One training run: its identity, its batch layout, its snapshots.
+
+    ``attach``, ``epochs``, ``steps``, ``snapshot``, ``log`` and ``close`` are all a plain
+    loop needs. A loop that burst does not own (Lightning's, Accelerate's: see
+    ``burst.integrations``) hands out the micro-batches itself and drives the run
+    through these hooks instead of ``steps``, in this order for each optimizer step:
+
+    - ``adopt_sampler(sampler)``: once, after ``attach``: the loader's
+      ``ResumableSampler`` gets the run's layout and is checked against the snapshot's data;
+    - ``begin_step()`` before the step's first micro-batch (remembers the boundary an OOM
+      falls back to), ``before_micro_batch(index)`` before each (``BURST_FAULT`` drills);
+    - ``optimizer_stepped`` (read-only) turns True once ``optimizer.step()`` has run;
+    - ``end_step(samples)`` counts the finished step (and may snapshot, or stop the
+      process after a signal); ``abandon_step()`` drops a step that never reached the
+      optimizer, as at the end of an epoch;
+    - ``recover(exc)`` turns a CUDA OOM or GPU failure caught by the framework into the
+      emergency snapshot and returns the exit code to leave with.
+
+    ``in_optimizer_step``, ``layout``, ``save_boundary``, ``persist_shadow`` and
+    ``record_event`` are what the failure guard asks of a run (``guard.GuardedRun``).
+    """
 
     def __init__(
         self,
@@ -156,7 +177,7 @@ class Run:
         self._requested: str | None = None
         self._last_persist = time.monotonic()
         self._peak_memory: dict[str, int] = {}
-        self._metrics = MetricBuffer(lambda points: self._event(MetricBuffer.EVENT,
+        self._metrics = MetricBuffer(lambda points: self.record_event(MetricBuffer.EVENT,
                                                                 points=points))
 
     # -- set-up -------------------------------------------------------------------------
@@ -176,12 +197,22 @@ class Run:
             self._group, self._newest_manifest,
             lambda step: dist_state.manifest_at(self.local, self.store, self.run_id, step))
         if manifest is None:
-            self._event("start", **self._layout())
+            self.record_event("start", **self.layout())
             return None
         self.restored = self._restore(manifest)
-        self._event("resume", step=self.restored.step, notes=self.restored.notes,
-                    **self._layout())
+        self.record_event("resume", step=self.restored.step, notes=self.restored.notes,
+                    **self.layout())
         return self.restored
+
+    @property
+    def in_optimizer_step(self) -> bool:
+        """True while ``optimizer.step()`` runs: the live state is then half-updated."""
+        return self._in_optimizer_step
+
+    @property
+    def optimizer_stepped(self) -> bool:
+        """Whether ``optimizer.step()`` has run since ``begin_step``."""
+        return self._optimizer_stepped
 
     def _before_optimizer_step(self, *_: object) -> None:
         self._in_optimizer_step = True
@@ -198,7 +229,7 @@ class Run:
                 f"the snapshot's global batch is {batch.get('global')}, this run's "
                 f"{self.global_batch}: burst never changes the global batch silently"
             )
-        tensors = snapshot.load_tensors(self.local, manifest)
+        tensors = load_tensors(self.local, manifest)
         saved = state_mod.decode(manifest, tensors)
         saved_amp = manifest.get("amp", {}).get("dtype")
         notes = dist_state.restore(self.components, saved, self._group, saved_amp=saved_amp,
@@ -243,40 +274,76 @@ class Run:
         batches = iter(loader)
         for samples, share in self._step_sizes(sampler.remaining(), loader.drop_last):
             micro_batches = math.ceil(share / self.micro_batch)  # this rank's
-            self._mark_boundary()
+            self.begin_step()
             current = Step(self.step + 1, self.epoch, samples, micro_batches, batches,
                            self._injector, self.world_size)
-            self._in_step, self._optimizer_stepped = True, False
             try:
                 yield current
             except GeneratorExit:  # the loop was left with break/return/an exception
-                self._in_step = False
                 if current.consumed == micro_batches and self._optimizer_stepped:
-                    self._complete_step(samples)
+                    self.end_step(samples)
+                else:
+                    self.abandon_step()
                 raise
-            self._in_step = False
             if current.consumed != micro_batches:
+                self.abandon_step()
                 raise ConfigError(f"step {current.index} used {current.consumed} of its "
                                   f"{micro_batches} micro-batches: iterate the whole step")
-            self._complete_step(samples)
+            self.end_step(samples)
 
     def _check_loader(self, loader: DataLoader) -> ResumableSampler:
-        sampler = loader.sampler
-        if not isinstance(sampler, ResumableSampler):
+        if not isinstance(loader.sampler, ResumableSampler):
             raise ConfigError("run.steps() needs a DataLoader with sampler=burst.ResumableSampler")
         if loader.batch_size != self.micro_batch:
             raise ConfigError(f"the DataLoader's batch_size is {loader.batch_size}, the run's "
                               f"micro-batch {self.micro_batch}: use batch_size=run.micro_batch")
-        sampler.global_batch = self.global_batch
-        sampler.rank, sampler.world_size = self.rank, self.world_size
         if self.world_size > 1 and loader.drop_last:
             raise ConfigError("on several ranks use ResumableSampler(drop_last=True), not the "
                               "DataLoader's drop_last (it would drop per rank)")
+        return self.adopt_sampler(loader.sampler)
+
+    # -- hooks for loops burst does not own (Run.steps uses them too) -------------------
+
+    def adopt_sampler(self, sampler: object) -> ResumableSampler:
+        """Make ``sampler`` the run's: check it is a ``ResumableSampler`` over the data the
+        snapshot was taken on, and give it the run's layout (global batch, rank, world)."""
+        if not isinstance(sampler, ResumableSampler):
+            raise ConfigError("burst needs the training DataLoader to use "
+                              "sampler=burst.ResumableSampler(dataset) for an exact position")
+        sampler.global_batch = self.global_batch
+        sampler.rank, sampler.world_size = self.rank, self.world_size
         if self._saved_sampler is not None:
             _check_same_data(self._saved_sampler, sampler.state())
             self._saved_sampler = None
         self._sampler = sampler
         return sampler
+
+    def begin_step(self) -> None:
+        """An optimizer step starts: remember the boundary state an OOM falls back to."""
+        self._mark_boundary()
+        self._in_step, self._optimizer_stepped = True, False
+
+    def before_micro_batch(self, index: int) -> None:
+        """Micro-batch ``index`` (0-based) of the step in progress is about to run; a
+        ``BURST_FAULT`` drill set for it fires here."""
+        self._injector.before_micro_batch(self.step + 1, index)
+
+    def end_step(self, samples: int) -> None:
+        """The step in progress consumed ``samples`` (on all ranks) and stepped the
+        optimizer: count it; this may snapshot, and after a signal stops the process."""
+        self._in_step = False
+        self._complete_step(samples)
+
+    def abandon_step(self) -> None:
+        """The step in progress ends without being counted (it never stepped the
+        optimizer); its samples will be drawn again."""
+        self._in_step = False
+
+    def recover(self, exc: BaseException) -> int:
+        """After a CUDA OOM or GPU failure (``failure.classify(exc)`` is not None) caught
+        by a framework: save what can be trusted, leave the failure record, and return
+        the exit code to leave with."""
+        return self._guard.recover(exc)
 
     def _step_sizes(self, remaining: int, loader_drops_last: bool
                     ) -> Iterator[tuple[int, int]]:
@@ -354,7 +421,7 @@ class Run:
         self._capture("final", persist=True)
         self._group.settle(self.flush)  # rank 0 stores it; every rank learns the outcome
         self._metrics.flush()
-        self._event("finish", step=self.step)
+        self.record_event("finish", step=self.step)
         self._guard.uninstall()
 
     def __enter__(self) -> Run:
@@ -365,7 +432,7 @@ class Run:
             self.close()
             return
         if failure.classify(exc) is not None:
-            code = self._guard.recover(exc)
+            code = self.recover(exc)
             raise SystemExit(code) from None
         with contextlib.suppress(Exception):
             self.flush()
@@ -380,18 +447,18 @@ class Run:
             self._last_persist = time.monotonic()
         return captured
 
-    def _capture_boundary(self, reason: str) -> int | None:
+    def save_boundary(self, reason: str) -> int | None:
         """Snapshot the live state as it was at the last step boundary (after an OOM);
         return its step. On several ranks the other ranks may be stuck in a collective, so
         no collective capture is possible: rank 0 keeps its RAM shadow instead."""
         if self.world_size > 1:
-            return self._persist_shadow(reason)
+            return self.persist_shadow(reason)
         tree, live = state_mod.capture(self.components, self.extra, rng_state=self._boundary_rng,
                                        model_buffers=self._boundary_buffers)
         self._tiers.capture(self.step, tree, live, self._meta(reason), persist=True)
         return self.step
 
-    def _persist_shadow(self, reason: str) -> int | None:
+    def persist_shadow(self, reason: str) -> int | None:
         """Queue the newest RAM copy under ``reason`` without touching the device."""
         latest = self._tiers.latest
         if latest is None:
@@ -401,21 +468,21 @@ class Run:
 
     def _on_commit(self, manifest: dict) -> None:
         self._metrics.flush()
-        self._event("snapshot", step=manifest["step"], reason=manifest["reason"])
+        self.record_event("snapshot", step=manifest["step"], reason=manifest["reason"])
         if self._uploads is not None:
             self._uploads.submit(manifest["step"])
 
     def _newest_manifest(self) -> dict | None:
         """The newest snapshot, pulled into the local tier first when the remote is newer."""
         if self.local is not self.store:
-            local_steps = snapshot.list_steps(self.local, self.run_id)
-            remote_steps = snapshot.list_steps(self.store, self.run_id)
+            local_steps = reader.list_steps(self.local, self.run_id)
+            remote_steps = reader.list_steps(self.store, self.run_id)
             if remote_steps and (not local_steps or remote_steps[-1] > local_steps[-1]):
                 sync.pull(self.store, self.local, self.run_id,
                           log=lambda msg: warnings.warn(f"burst: {msg}", stacklevel=4))
-        return snapshot.read_manifest(self.local, self.run_id)
+        return reader.read_manifest(self.local, self.run_id)
 
-    def _event(self, name: str, /, **fields: Any) -> None:
+    def record_event(self, name: str, /, **fields: Any) -> None:
         """Record an event; the history is worth less than the run, so failures only warn."""
         if not self._group.is_writer:  # rank 0 tells the run's story; others add failures
             if name in ("start", "resume", "finish"):
@@ -432,7 +499,7 @@ class Run:
                          "samples_consumed": self.samples_consumed,
                          "samples_in_epoch": self.samples_in_epoch,
                          "total_steps": self._total_steps()},
-            "batch": self._layout(),
+            "batch": self.layout(),
             "amp": {"dtype": self._amp()},
             "sampler": self._sampler.state() if self._sampler else self._saved_sampler,
             "versions": {"torch": torch.__version__, "python": platform.python_version(),
@@ -454,7 +521,8 @@ class Run:
         device = _device_of(self.components.model)
         return torch.amp.GradScaler(device, enabled=self.amp == "fp16")
 
-    def _layout(self) -> dict[str, int]:
+    def layout(self) -> dict[str, int]:
+        """The batch layout: global and micro batch, accumulation, world size."""
         return {"global": self.global_batch, "micro": self.micro_batch,
                 "accumulation": self.accumulation, "world_size": self.world_size}
 

@@ -30,7 +30,9 @@ SIDE_EFFECTS = {"install", "uninstall", "system"}
 
 def commands(group: click.Group = main, prefix: tuple[str, ...] = ()
              ) -> Iterator[tuple[tuple[str, ...], click.Command]]:
-    for name, command in sorted(group.commands.items()):
+    context = click.Context(group)  # burst's commands load on use: ask the group for them
+    for name in group.list_commands(context):
+        command = group.get_command(context, name)
         if isinstance(command, click.Group):
             yield from commands(command, (*prefix, name))
         else:

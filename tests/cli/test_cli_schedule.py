@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from burst import events
 from burst.cli import main
 from burst.deadline import scheduler as sched
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
 from burst.store import LocalStore
 from tests.schedule_helpers import take
 

@@ -13,17 +13,10 @@ from click.testing import CliRunner
 
 from burst.cli import main
 from burst.snapshot import format as fmt
-from burst.snapshot import tiers as snapshot
-from burst.snapshot.tiers import Captured
+from burst.snapshot import reader
 from burst.store import LocalStore
+from tests.snapshot_helpers import take
 from tests.store_servers import aws_env, free_port
-
-
-def take(store, step: int, value: float) -> None:
-    t = {"frozen": torch.zeros(400_000), "head": torch.full((100_000,), value)}
-    snapshot.write_snapshot(store, "run", Captured(step, {}, t, {
-        "reason": "periodic", "time": f"2026-01-01T00:00:0{step}+00:00",
-        "counters": {"epoch": step // 10}}))
 
 
 @pytest.fixture
@@ -34,8 +27,9 @@ def env(seaweed, monkeypatch, tmp_path):
     monkeypatch.setenv("BURST_ADDRESSING_STYLE", "path")
     monkeypatch.setenv("AWS_CA_BUNDLE", seaweed.ca_bundle)
     local = LocalStore(tmp_path / "local")
-    take(local, 10, 1.0)
-    take(local, 20, 2.0)
+    for step, value in ((10, 1.0), (20, 2.0)):  # the frozen part is shared, the head is not
+        take(local, step, {"frozen": torch.zeros(400_000), "head": torch.full((100_000,), value)},
+             time=f"2026-01-01T00:00:{step}+00:00", counters={"epoch": step // 10})
     return {"local": str(local.root), "remote": seaweed.url()}
 
 
@@ -54,7 +48,7 @@ def test_push_then_pull_round_trips_a_run_through_the_cli(env, tmp_path):
     fresh = tmp_path / "fresh"
     pulled = burst("pull", "run", "--store", env["remote"], "--local", str(fresh))
     assert pulled.exit_code == 0 and "pulled run step 20" in pulled.output
-    snapshot.verify(LocalStore(fresh), "run")
+    reader.verify(LocalStore(fresh), "run")
 
 
 def test_ls_lists_runs_and_a_runs_snapshots_with_new_bytes(env):
@@ -74,7 +68,7 @@ def test_verify_reports_each_snapshot_and_fails_on_a_corrupt_one(env, seaweed):
     ok = burst("verify", "run", "--all", "--store", env["remote"], "--json")
     assert ok.exit_code == 0 and all(r["ok"] for r in json.loads(ok.output))
     store = LocalStore(env["local"])
-    manifest = snapshot.read_manifest(store, "run", 20)
+    manifest = reader.read_manifest(store, "run", 20)
     head = manifest["tensors"]["head"]["blob"]
     from burst.store import open_store
 

@@ -10,7 +10,7 @@ import pytest
 from burst import events
 from burst.deadline import policy as rules
 from burst.deadline import scheduler as sched
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
 from tests.schedule_helpers import (
     T0,
     FakeClock,

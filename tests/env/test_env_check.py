@@ -16,11 +16,6 @@ from burst.env.lockfile import Package
 
 
 @pytest.fixture(scope="module")
-def frozen() -> lockfile.Lockfile:
-    return lockfile.build(Path.cwd())
-
-
-@pytest.fixture(scope="module")
 def live() -> envcheck.Live:
     return envcheck.live_here()
 

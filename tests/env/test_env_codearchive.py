@@ -158,3 +158,46 @@ def test_code_that_merely_mentions_a_key_marker_is_archived(tmp_path):
     captured = codearchive.capture(repo)
     names = codearchive.unpack(captured.tar_gz, captured.digest, tmp_path / "o", 1 << 20)
     assert "keyparse.py" in names and "notes/backup.txt" not in names
+
+
+def _raw_tar(*members: tuple[str, str]) -> bytes:
+    """A tar of ``(name, link)`` members: a file holding "hi" where link is empty, else a
+    symlink to it."""
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as tar:
+        for name, link in members:
+            info = tarfile.TarInfo(name)
+            if link:
+                info.type, info.linkname = tarfile.SYMTYPE, link
+                tar.addfile(info)
+            else:
+                info.size = 2
+                tar.addfile(info, io.BytesIO(b"hi"))
+    return buffer.getvalue()
+
+
+@pytest.mark.parametrize("members", [
+    [("../escaped.txt", "")],
+    [("/tmp/burst-absolute-escape.txt", "")],
+    [("out", "../.."), ("out/escaped.txt", "")],
+    [("abs", "/tmp"), ("abs/burst-link-escape.txt", "")],
+], ids=["dotdot", "absolute", "relative-symlink", "absolute-symlink"])
+def test_restore_without_tarfile_data_filter_still_refuses_escaping_members(tmp_path, members):
+    """A node's stock Python (3.11.2) has no ``filter=``: the member checks alone guard."""
+    raw = _raw_tar(*members)
+    dest = tmp_path / "a" / "b" / "o"
+    with pytest.raises(SnapshotError, match="unsafe"):
+        codearchive.unpack(gzip.compress(raw), hashlib.sha256(raw).hexdigest(), dest,
+                           1 << 20, data_filter=False)
+    assert not (tmp_path / "a" / "escaped.txt").exists()
+    assert not Path("/tmp/burst-absolute-escape.txt").exists()
+    assert not Path("/tmp/burst-link-escape.txt").exists()
+    assert not any(p.is_symlink() for p in dest.rglob("*"))
+
+
+def test_restore_without_tarfile_data_filter_restores_the_tree(tmp_path):
+    repo = make_repo(tmp_path / "repo")
+    captured = codearchive.capture(repo)
+    codearchive.unpack(captured.tar_gz, captured.digest, tmp_path / "o", 1 << 20,
+                       data_filter=False)
+    assert tree(tmp_path / "o") == _expected_tree(repo)

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import burst
 from burst import events
 from burst.env import codearchive, freeze, lockfile
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
 from burst.store import LocalStore, MemoryStore
 from tests.env_helpers import make_repo
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -136,3 +137,35 @@ def test_dry_run_prints_the_plan_and_installs_nothing(tmp_path):
 def test_conflicting_torch_flags_are_a_usage_error(tmp_path):
     result = CliRunner().invoke(main, ["env", "install", "--lockfile", "x", "--cpu", "--rocm"])
     assert result.exit_code == 2 and result.output.startswith("Error: give at most one")
+
+
+def test_torch_already_in_the_venv_at_the_planned_build_is_not_installed_again(tmp_path):
+    wheels = tmp_path / "wheels"
+    build_wheel(wheels, "torch", "2.8.0+cpu", "VALUE = 'bootstrap put me here'\n")
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "--python", _python(venv), "install", "-q",
+                    "--no-index", "--find-links", str(wheels), "torch==2.8.0+cpu"], check=True)
+    lock = tiny_lockfile(Package("torch", "2.8.0+cpu"), Package("burst-tiny-alpha", "1.2.3"))
+    lock.torch = {"version": "2.8.0+cpu", "variant": "cpu"}
+    plan = envinstall.make_plan(lock, Target("cpu"),
+                                envinstall.Options(venv=venv, installer="pip"), {})
+    assert plan.present == ["torch==2.8.0+cpu"]
+    assert plan.requirements == ["burst-tiny-alpha==1.2.3"]
+
+
+def test_a_pin_only_windows_needs_is_skipped_on_this_node():
+    lock = tiny_lockfile(Package("burst-tiny-alpha", "1.2.3"),
+                         Package("pywin32", "306", marker='sys_platform == "win32"'))
+    plan = _plan(lock, Target("cpu"))
+    assert plan.requirements == ["burst-tiny-alpha==1.2.3"]
+    assert plan.skipped == [{"name": "pywin32",
+                             "reason": 'not needed here (marker sys_platform == "win32")'}]
+
+
+def test_a_forwarded_mirror_serves_what_the_wheelhouse_lacks():
+    plan = _plan(_gpu_lock(), Target("cpu"), {envinstall.INDEX_ENV: "https://mirror.example/simple",
+                                              envinstall.EXTRA_INDEX_ENV: "https://x.example/s"})
+    assert plan.index_args[:4] == ["--index-url", "https://mirror.example/simple",
+                                   "--extra-index-url", "https://download.pytorch.org/whl/cpu"]
+    assert "https://x.example/s" in plan.index_args

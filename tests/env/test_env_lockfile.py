@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 from importlib import metadata
 from pathlib import Path
 
@@ -12,11 +13,6 @@ import torch
 from burst.env import lockfile, pkgindex
 from burst.env.lockfile import LockfileError, Package
 from burst.store import MemoryStore
-
-
-@pytest.fixture(scope="module")
-def frozen() -> lockfile.Lockfile:
-    return lockfile.build(Path.cwd(), with_gpu=False)
 
 
 def test_freeze_pins_every_installed_distribution(frozen):
@@ -47,7 +43,7 @@ def test_lockfile_round_trips_through_json_and_the_store(frozen):
 
 
 def test_same_environment_gives_the_same_hash(frozen):
-    assert lockfile.build(Path.cwd(), with_gpu=False).digest == frozen.digest
+    assert lockfile.build(Path.cwd()).digest == frozen.digest
 
 
 def test_stored_lockfile_that_does_not_match_its_hash_is_refused(frozen):
@@ -131,3 +127,37 @@ def test_configured_indexes_are_recorded_without_credentials(tmp_path):
     assert not any(s in repr(indexes) for s in ("p4ss", "uvtok", "envtok", "uvenv", "k=v"))
     assert all(" " not in i.origin or i.origin.split(" ", 1)[0] in ("env", "pip", "uv")
                for i in indexes)
+
+
+def test_markers_come_from_the_requiring_distributions_metadata(tmp_path):
+    here = platform.machine()
+    site = tmp_path / "site"
+    _dist(site, "app", "1.0", requires=(f'onlyhere; platform_machine == "{here}"',
+                                        'viaextra; extra == "fast" and python_version >= "3"',
+                                        'winonly; sys_platform == "win32"', "always"))
+    for name in ("onlyhere", "viaextra", "winonly", "always"):
+        _dist(site, name, "1.0")
+    got = {p.name: p.marker for p in lockfile.collect_packages([str(site)])}
+    assert got["onlyhere"] == f'platform_machine == "{here}"'
+    assert got["always"] is None and got["app"] is None
+    assert got["viaextra"] is None  # the extra was taken; python >= 3 holds everywhere left
+    assert got["winonly"] is None  # installed here although not needed: kept everywhere
+    other = "aarch64" if here != "aarch64" else "x86_64"
+    lock = lockfile.Lockfile(packages=lockfile.collect_packages([str(site)]))
+    names = {p.name for p in lock.applicable(lockfile.node_environment("3.11", other))}
+    assert names == {"app", "always", "viaextra", "winonly"}
+
+
+def test_a_windows_only_pin_does_not_apply_on_a_linux_node():
+    pin = Package("pywin32", "306", marker='sys_platform == "win32"')
+    assert not lockfile.applies(pin, lockfile.node_environment("3.10", "x86_64"))
+    assert lockfile.applies(pin, lockfile.node_environment("3.10", "AMD64", "Windows"))
+
+
+def test_a_lockfile_written_before_markers_loads_and_applies_everywhere(frozen):
+    data = frozen.to_json()
+    for entry in data["packages"]:
+        entry.pop("marker", None)
+    old = lockfile.loads(json.dumps(data))
+    assert all(p.marker is None for p in old.packages)
+    assert old.applicable(lockfile.node_environment("3.10", "aarch64")) == old.packages

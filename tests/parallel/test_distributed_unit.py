@@ -14,7 +14,13 @@ import torch
 import burst
 from burst.errors import ConfigError
 from burst.parallel import sharded as dcp
-from burst.parallel.group import Group, launch_from_env, torchrun_command, torchrun_shell
+from burst.parallel.group import (
+    Group,
+    launch_from_env,
+    one_box_env,
+    torchrun_command,
+    torchrun_shell,
+)
 from burst.state import rank_rng, rng
 from burst.training.run import Step
 from tests.conftest import assert_same
@@ -61,21 +67,40 @@ def test_torchrun_command_for_one_node_is_standalone():
         "python", "-m", "torch.distributed.run", "--nproc-per-node=8", "--standalone", "train.py"]
 
 
-def test_torchrun_shell_reads_skypilots_variables_when_the_task_runs(tmp_path):
+def torchrun_shell_args(tmp_path, env: dict[str, str]) -> list[str]:
+    """What the torchrun line of a task hands to ``python`` under ``env`` (a stand-in
+    ``python`` prints its arguments)."""
     line = torchrun_shell("train.py --epochs 3", port=29600)
-    assert "$SKYPILOT_NODE_RANK" in line and "29600" in line
-    fake = tmp_path / "python"  # stands in for python: prints what torchrun would get
+    fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\necho \"$@\"\n")
     fake.chmod(0o755)
     import subprocess
 
-    env = {**SKY_2x4, "PATH": "/usr/bin:/bin"}
-    out = subprocess.run(["bash", "-c", line.replace("python -m", f"{shlex.quote(str(fake))} -m",
-                                                     1)],
-                         env=env, capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=4",
-                   "--node-rank=1", "--master-addr=10.0.0.5", "--master-port=29600",
-                   "train.py", "--epochs", "3"]
+    command = line.replace("python -m", f"{shlex.quote(str(fake))} -m", 1)
+    return subprocess.run(["bash", "-c", command], env={**env, "PATH": "/usr/bin:/bin"},
+                          capture_output=True, text=True, check=True).stdout.split()
+
+
+def test_torchrun_shell_reads_skypilots_variables_when_the_task_runs(tmp_path):
+    assert torchrun_shell_args(tmp_path, SKY_2x4) == [
+        "-m", "torch.distributed.run", "--nproc-per-node=4", "--nnodes=2", "--node-rank=1",
+        "--master-addr=10.0.0.5", "--master-port=29600", "train.py", "--epochs", "3"]
+
+
+def test_torchrun_shell_on_one_node_is_standalone(tmp_path):
+    env = {"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1",
+           "SKYPILOT_NODE_IPS": "10.0.0.5", "SKYPILOT_NUM_GPUS_PER_NODE": "2"}
+    assert torchrun_shell_args(tmp_path, env) == [
+        "-m", "torch.distributed.run", "--nproc-per-node=2", "--standalone", "train.py",
+        "--epochs", "3"]
+
+
+def test_one_box_env_gives_the_torchrun_line_its_processes(tmp_path):
+    assert torchrun_shell_args(tmp_path, one_box_env(3)) == [
+        "-m", "torch.distributed.run", "--nproc-per-node=3", "--standalone", "train.py",
+        "--epochs", "3"]
+    with pytest.raises(ConfigError, match="at least one process"):
+        one_box_env(0)
 
 
 def test_a_world_size_without_a_process_group_is_refused(monkeypatch):

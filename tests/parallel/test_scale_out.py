@@ -38,7 +38,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
+from burst.snapshot.tensors import load_tensors
 from burst.state import rank_rng
 from burst.store import open_store
 
@@ -115,7 +116,7 @@ def final_state(workdir: Path, run_id: str, store: str = "store") -> dict[str, t
     opened = open_store(workdir / store)
     manifest = snapshot.read_manifest(opened, run_id)
     assert manifest is not None and manifest["step"] == STEPS
-    tensors = snapshot.load_tensors(opened, manifest)
+    tensors = load_tensors(opened, manifest)
     return {k: v for k, v in tensors.items() if k.startswith(("state/model", "state/optimizer"))}
 
 

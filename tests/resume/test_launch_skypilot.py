@@ -87,7 +87,7 @@ def test_managed_job_gets_the_real_task_with_ordered_resources_and_secrets(recor
     assert {k: v.get_secret_value() for k, v in sky_task.secrets.items()} == SECRETS
     assert not sky_task.managed_secret_refs  # values given inline, nothing to look up
     assert sky_task.envs["BURST_RUN_ID"] == "run-1"
-    assert "burst-failover==0.1" in sky_task.setup and "node run" in sky_task.run
+    assert "bootstrap.py" in sky_task.setup and "node run" in sky_task.run
     assert recorder.first("jobs.tail_logs")[1] == {"job_id": 42, "follow": True}
     assert events == [("skypilot-job", {"name": "burst-run-1", "job_id": 42})]
     for value in SECRETS.values():

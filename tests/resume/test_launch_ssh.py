@@ -11,7 +11,7 @@ import pytest
 
 from burst.errors import BurstError
 from burst.launch import Reporter
-from burst.launch.ssh import SSHLauncher, Target
+from burst.launch.ssh import SSHLauncher, Target, box_env, processes_on_box, task_gpu_counts
 from burst.launch.task import parse
 
 SECRET = "canary-ssh-secret-not-on-disk"
@@ -98,3 +98,50 @@ def test_bad_targets_are_config_errors():
     for url in ("ssh://", "ssh://host/path", "ssh://u:pw@host", "ssh://host:99999"):
         with pytest.raises(BurstError):
             Target.parse(url)
+
+
+WORLD_TASK = """
+name: burst-ssh-world
+resources:
+  ordered:
+    - {accelerators: "L4:2", infra: ssh/box, use_spot: false}
+envs:
+  GREETING: "hi"
+setup: |
+  true
+run: |
+  echo "world $SKYPILOT_NUM_GPUS_PER_NODE $SKYPILOT_NODE_RANK $SKYPILOT_NUM_NODES $SKYPILOT_NODE_IPS ${CUDA_VISIBLE_DEVICES-unset}"
+"""
+
+
+def test_a_cpu_box_gets_skypilots_variables_for_the_ranks_the_task_asks_for(sshd, tmp_path):
+    """No nvidia-smi on this box: 0 GPUs, so the task's 2 per node run as 2 CPU ranks."""
+    chunks: list[str] = []
+    said: list[str] = []
+    result = launcher(sshd, tmp_path).launch(parse(WORLD_TASK), {},
+                                             Reporter(say=said.append, output=chunks.append))
+    assert result.returncode == 0
+    assert "world 2 0 1 127.0.0.1 unset" in "".join(chunks)
+    assert any("no GPU(s); running 2 process(es)" in s for s in said)
+
+
+def test_the_first_gpu_count_the_box_has_is_used_and_the_rest_hidden():
+    assert box_env([1], 8) == {"SKYPILOT_NODE_RANK": "0", "SKYPILOT_NUM_NODES": "1",
+                               "SKYPILOT_NODE_IPS": "127.0.0.1",
+                               "SKYPILOT_NUM_GPUS_PER_NODE": "1", "CUDA_VISIBLE_DEVICES": "0"}
+    assert box_env([4, 2], 2)["SKYPILOT_NUM_GPUS_PER_NODE"] == "2"  # 4 does not fit
+    assert box_env([4, 2], 2).get("CUDA_VISIBLE_DEVICES") is None  # every GPU used
+    assert box_env([8], 3)["SKYPILOT_NUM_GPUS_PER_NODE"] == "3"  # none fits: all it has
+    assert box_env([2, 4], 0)["SKYPILOT_NUM_GPUS_PER_NODE"] == "2"  # CPU: the first count
+    assert processes_on_box([], 0) == 1
+
+
+def test_the_gpu_counts_come_from_the_tasks_candidates():
+    assert task_gpu_counts(parse(WORLD_TASK)) == [2]
+    assert task_gpu_counts(parse(TASK)) == [1]
+
+
+def test_a_multi_node_task_is_refused_on_one_box(sshd, tmp_path):
+    task = parse(WORLD_TASK.replace("resources:", "num_nodes: 2\nresources:"))
+    with pytest.raises(BurstError, match="one box"):
+        launcher(sshd, tmp_path).launch(task, {}, Reporter())

@@ -8,6 +8,9 @@ candidates in order; no credential value may appear anywhere in the output.
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 import sky
 import yaml
@@ -213,3 +216,106 @@ def test_no_command_anywhere_is_an_error(s3_run):
     url, _ = s3_run
     result = dry_run("--store", url)
     assert result.exit_code != 0 and "names no training command" in result.output
+
+
+# -- the node's software and the entry point travel with the run, not with this machine ---
+
+
+@pytest.fixture
+def frozen_project(s3_run, tmp_path, lock):
+    """A git project in tmp with its script in scripts/, frozen from there (archive cwd
+    ``scripts``), as the agent freezes ``python /abs/proj/scripts/train.py``."""
+    from burst.env import freeze
+
+    url, _ = s3_run
+    root = tmp_path / "proj"
+    (root / "scripts").mkdir(parents=True)
+    (root / "scripts" / "train.py").write_text("print('training')\n")
+    (root / "data.txt").write_text("x\n")
+    subprocess.run(["git", "init", "-q", str(root)], check=True)
+    result = freeze.freeze(open_store(url), "run", code_dir=root / "scripts", lock=lock)
+    assert result.code_ref["cwd"] == "scripts"
+    return url, root
+
+
+def test_the_entry_point_becomes_relative_to_the_restored_code(frozen_project):
+    url, root = frozen_project
+    result = dry_run("--store", url, "--gpu", "A100", "--", "python",
+                     str(root / "scripts" / "train.py"), "--data", str(root / "data.txt"))
+    assert result.exit_code == 0, result.output
+    task = sky.Task.from_yaml_str(rendered_yaml(result.output))
+    assert 'cd "$BURST_NODE_DIR/code"/scripts' in task.run
+    assert "node run -- python train.py --data ../data.txt" in task.run
+
+
+def test_the_rendered_task_names_no_path_of_this_machine(frozen_project, lock):
+    url, root = frozen_project
+    result = dry_run("--store", url, "--gpu", "A100", "--", "python",
+                     str(root / "scripts" / "train.py"))
+    assert result.exit_code == 0, result.output
+    text = rendered_yaml(result.output)
+    repo = Path(__file__).resolve().parents[2]
+    for local in (str(root.parent), str(repo), str(Path.home())):
+        assert local not in text, f"{local} is in the rendered task"
+    envs = yaml.safe_load(text)["envs"]
+    assert envs["BURST_LOCKFILE_DIGEST"] == lock.digest
+    assert envs["BURST_PYTHON"] == ".".join(lock.python["version"].split(".")[:2])
+
+
+def test_an_entry_point_outside_the_code_archive_is_refused_in_one_line(frozen_project,
+                                                                        tmp_path):
+    url, _ = frozen_project
+    elsewhere = tmp_path / "elsewhere" / "train.py"
+    elsewhere.parent.mkdir()
+    elsewhere.write_text("print('not archived')\n")
+    result = dry_run("--store", url, "--gpu", "A100", "--", "python", str(elsewhere))
+    assert result.exit_code == 2
+    assert "outside the run's code archive" in result.output
+    assert result.output.strip().count("\n") == 0 and "Traceback" not in result.output
+
+
+def test_a_relative_entry_point_the_archive_lacks_is_refused(frozen_project):
+    url, _ = frozen_project
+    result = dry_run("--store", url, "--gpu", "A100", "--", "python", "missing.py")
+    assert result.exit_code == 2
+    assert "is not in the run's code archive (relative paths start at scripts/" in result.output
+
+
+def test_the_setup_heredoc_writes_the_bootstrap_byte_for_byte(s3_run, tmp_path):
+    from burst.resume import bootstrap
+
+    url, _ = s3_run
+    result = dry_run("--store", url, "--gpu", "A100", "--", "python", "train.py")
+    assert result.exit_code == 0, result.output
+    setup = sky.Task.from_yaml_str(rendered_yaml(result.output)).setup
+    head = setup.split('python3 "$BURST_NODE_DIR/bootstrap.py"')[0]
+    done = subprocess.run(["bash", "-c", head], env={"PATH": "/usr/bin:/bin",
+                                                     "BURST_NODE_DIR": str(tmp_path / "n")},
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    written = (tmp_path / "n" / "bootstrap.py").read_text()
+    assert written == Path(bootstrap.__file__).read_text()
+
+
+def test_a_dry_run_says_the_wheelhouse_is_still_to_build(s3_run, monkeypatch):
+    monkeypatch.setenv("BURST_WHEELS", "all")
+    url, _ = s3_run
+    result = dry_run("--store", url, "--gpu", "A100", "--", "python", "train.py")
+    assert result.exit_code == 0, result.output
+    assert "warning: no wheelhouse for lockfile" in result.output  # not the bootstrap's text
+
+
+def test_mirrors_travel_as_envs_and_credentialed_ones_as_secret_names(s3_run, monkeypatch):
+    url, _ = s3_run
+    mirror = "https://mirrors.example.cn/pypi/simple"
+    private = "https://user:mirror-password-canary@pypi.corp.example/simple"
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_INDEX_URL", mirror)
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", private)
+    result = dry_run("--store", url, "--gpu", "A100", "--", "python", "train.py")
+    assert result.exit_code == 0, result.output
+    assert "mirror-password-canary" not in result.output
+    config = yaml.safe_load(rendered_yaml(result.output))
+    assert config["envs"]["BURST_INDEX_URL"] == mirror
+    assert "BURST_EXTRA_INDEX_URL" not in config["envs"]
+    assert config["secrets"]["BURST_EXTRA_INDEX_URL"] is None

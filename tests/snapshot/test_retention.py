@@ -10,15 +10,14 @@ import torch
 
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
-from burst.snapshot import retention, sync
-from burst.snapshot import tiers as snapshot
-from burst.snapshot.tiers import Captured
+from burst.snapshot import reader, retention, sync
 from burst.store import LocalStore, MemoryStore
+from tests.snapshot_helpers import take
 
 
-def take(store, step: int, value: float | None = None) -> dict:
-    t = {"shared": torch.zeros(300_000), "w": torch.full((300_000,), float(value or step))}
-    return snapshot.write_snapshot(store, "run", Captured(step, {}, t, {"reason": "periodic"}))
+def state(step: int) -> dict[str, torch.Tensor]:
+    """A tensor every snapshot shares (one blob for all) and one of the step's own."""
+    return {"shared": torch.zeros(300_000), "w": torch.full((300_000,), float(step))}
 
 
 def test_select_keeps_the_last_n():
@@ -39,18 +38,18 @@ def test_a_snapshot_kept_for_its_window_stays_kept_as_newer_ones_arrive():
 def test_gc_deletes_dropped_manifests_and_only_unreferenced_blobs(tmp_path):
     store = LocalStore(tmp_path)
     for step in (1, 2, 3, 4):
-        take(store, step)
+        take(store, step, state(step))
     report = retention.gc(store, "run", keep_last=2)
-    assert report.dropped == [1, 2] and snapshot.list_steps(store, "run") == [3, 4]
+    assert report.dropped == [1, 2] and reader.list_steps(store, "run") == [3, 4]
     assert report.blobs_deleted == 2  # the dropped snapshots' own 'w' blobs; 'shared' stays
     for step in (3, 4):
-        snapshot.verify(store, "run", step)
+        reader.verify(store, "run", step)
 
 
 def test_gc_dry_run_deletes_nothing(tmp_path):
     store = LocalStore(tmp_path)
     for step in (1, 2, 3):
-        take(store, step)
+        take(store, step, state(step))
     before = store.list("run/")
     report = retention.gc(store, "run", keep_last=1, dry_run=True)
     assert report.dropped == [1, 2] and report.blobs_deleted == 2
@@ -59,11 +58,11 @@ def test_gc_dry_run_deletes_nothing(tmp_path):
 
 def test_gc_never_deletes_blobs_of_an_upload_in_progress(tmp_path):
     local, remote = LocalStore(tmp_path), MemoryStore("gc-in-flight")
-    take(local, 1)
+    take(local, 1, state(1))
     sync.push(local, remote, "run")
-    manifest = take(local, 2)
+    manifest = take(local, 2, state(2))
     # An upload of step 2 that has sent its blobs but not yet its manifest:
-    remote.put(sync.pending_key("run", 2), json.dumps(
+    remote.put(fmt.marker_key("run", 2), json.dumps(
         {"time": time.time(), "blobs": sorted(manifest["blobs"])}).encode())
     for digest in manifest["blobs"]:
         sync.send_blob(local, remote, "run", digest, manifest["blobs"][digest]["size"])
@@ -74,7 +73,7 @@ def test_gc_never_deletes_blobs_of_an_upload_in_progress(tmp_path):
 
 def test_a_push_repairs_a_blob_that_gc_deleted_under_it(tmp_path):
     local, remote = LocalStore(tmp_path), MemoryStore("gc-race")
-    manifest = take(local, 1)
+    manifest = take(local, 1, state(1))
     digest = next(iter(manifest["blobs"]))
 
     class RacingGC(MemoryStore):
@@ -86,13 +85,13 @@ def test_a_push_repairs_a_blob_that_gc_deleted_under_it(tmp_path):
 
     racing = RacingGC("gc-race")
     sync.push(local, racing, "run")
-    snapshot.verify(remote, "run", 1)
+    reader.verify(remote, "run", 1)
 
 
 def test_markers_of_dead_uploads_expire(tmp_path):
     store = MemoryStore("gc-stale")
-    take(store, 1)
-    store.put(sync.pending_key("run", 9), json.dumps({"time": 0, "blobs": ["a" * 64]}).encode())
+    take(store, 1, state(1))
+    store.put(fmt.marker_key("run", 9), json.dumps({"time": 0, "blobs": ["a" * 64]}).encode())
     retention.gc(store, "run", keep_last=1)
     assert store.list("run/uploads/") == []
 
@@ -104,8 +103,8 @@ def test_gc_refuses_to_delete_every_snapshot(tmp_path):
 
 def test_an_unreadable_kept_manifest_stops_the_blob_sweep(tmp_path):
     store = LocalStore(tmp_path)
-    take(store, 1)
-    take(store, 2)
+    take(store, 1, state(1))
+    take(store, 2, state(2))
     store.put(fmt.manifest_key("run", 2), b"{not json")
     blobs = store.list("run/blobs/")
     with pytest.raises(SnapshotError, match="not collecting garbage"):

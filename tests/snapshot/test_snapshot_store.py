@@ -7,7 +7,8 @@ import torch
 
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader, tiers
+from burst.snapshot.tensors import load_tensors
 from burst.snapshot.tiers import Captured
 from burst.store import LocalStore
 
@@ -20,17 +21,17 @@ def captured(step: int, **tensors: torch.Tensor) -> Captured:
 def test_a_written_snapshot_reads_back_identically(tmp_path):
     store = LocalStore(tmp_path)
     big = torch.randn(fmt.PACK_THRESHOLD // 4 + 1)
-    snapshot.write_snapshot(store, "r", captured(5, big=big, small=torch.arange(3)))
-    manifest = snapshot.read_manifest(store, "r")
-    tensors = snapshot.load_tensors(store, manifest)
+    tiers.write_snapshot(store, "r", captured(5, big=big, small=torch.arange(3)))
+    manifest = reader.read_manifest(store, "r")
+    tensors = load_tensors(store, manifest)
     assert torch.equal(tensors["big"], big) and torch.equal(tensors["small"], torch.arange(3))
 
 
 def test_bfloat16_and_empty_tensors_round_trip(tmp_path):
     store = LocalStore(tmp_path)
     t = torch.randn(5).to(torch.bfloat16)
-    snapshot.write_snapshot(store, "r", captured(1, bf=t, empty=torch.empty(0, 3), scalar=torch.tensor(2.5)))
-    tensors = snapshot.load_tensors(store, snapshot.read_manifest(store, "r"))
+    tiers.write_snapshot(store, "r", captured(1, bf=t, empty=torch.empty(0, 3), scalar=torch.tensor(2.5)))
+    tensors = load_tensors(store, reader.read_manifest(store, "r"))
     assert torch.equal(tensors["bf"], t) and tensors["empty"].shape == (0, 3)
     assert tensors["scalar"].item() == 2.5 and tensors["scalar"].dim() == 0
 
@@ -44,20 +45,20 @@ class FailingManifestStore(LocalStore):
 
 def test_a_snapshot_whose_manifest_write_fails_is_invisible(tmp_path):
     good = LocalStore(tmp_path)
-    snapshot.write_snapshot(good, "r", captured(1, w=torch.ones(4)))
+    tiers.write_snapshot(good, "r", captured(1, w=torch.ones(4)))
     with pytest.raises(OSError):
-        snapshot.write_snapshot(FailingManifestStore(tmp_path), "r", captured(2, w=torch.zeros(4)))
-    assert snapshot.list_steps(good, "r") == [1]
-    assert torch.equal(snapshot.load_tensors(good, snapshot.read_manifest(good, "r"))["w"],
+        tiers.write_snapshot(FailingManifestStore(tmp_path), "r", captured(2, w=torch.zeros(4)))
+    assert reader.list_steps(good, "r") == [1]
+    assert torch.equal(load_tensors(good, reader.read_manifest(good, "r"))["w"],
                        torch.ones(4))
 
 
 def test_unchanged_tensors_are_not_written_again(tmp_path):
     store = LocalStore(tmp_path)
     frozen = torch.randn(fmt.PACK_THRESHOLD // 4)
-    snapshot.write_snapshot(store, "r", captured(1, frozen=frozen, head=torch.zeros(8)))
+    tiers.write_snapshot(store, "r", captured(1, frozen=frozen, head=torch.zeros(8)))
     before = set(store.list("r/blobs/"))
-    snapshot.write_snapshot(store, "r", captured(2, frozen=frozen, head=torch.ones(8)))
+    tiers.write_snapshot(store, "r", captured(2, frozen=frozen, head=torch.ones(8)))
     new = set(store.list("r/blobs/")) - before
     assert len(new) == 1  # only the pack holding the changed head
 
@@ -70,8 +71,8 @@ def blob_path(tmp_path, store, manifest, name):
 @pytest.mark.parametrize("damage", ["truncate", "flip"])
 def test_a_damaged_blob_fails_the_load_naming_the_blob(tmp_path, damage):
     store = LocalStore(tmp_path)
-    snapshot.write_snapshot(store, "r", captured(1, w=torch.randn(100)))
-    manifest = snapshot.read_manifest(store, "r")
+    tiers.write_snapshot(store, "r", captured(1, w=torch.randn(100)))
+    manifest = reader.read_manifest(store, "r")
     path, digest = blob_path(tmp_path, store, manifest, "w")
     data = bytearray(path.read_bytes())
     if damage == "truncate":
@@ -80,49 +81,49 @@ def test_a_damaged_blob_fails_the_load_naming_the_blob(tmp_path, damage):
         data[10] ^= 0xFF
     path.write_bytes(bytes(data))
     with pytest.raises(SnapshotError, match=digest[:12]):
-        snapshot.load_tensors(store, manifest)
+        load_tensors(store, manifest)
     with pytest.raises(SnapshotError, match=digest[:12]):
-        snapshot.verify(store, "r")
+        reader.verify(store, "r")
 
 
 def test_a_missing_blob_fails_the_load(tmp_path):
     store = LocalStore(tmp_path)
-    snapshot.write_snapshot(store, "r", captured(1, w=torch.randn(10)))
-    manifest = snapshot.read_manifest(store, "r")
+    tiers.write_snapshot(store, "r", captured(1, w=torch.randn(10)))
+    manifest = reader.read_manifest(store, "r")
     path, _ = blob_path(tmp_path, store, manifest, "w")
     path.unlink()
     with pytest.raises(SnapshotError, match="missing"):
-        snapshot.load_tensors(store, manifest)
+        load_tensors(store, manifest)
 
 
 def test_listing_ignores_files_that_are_not_manifests(tmp_path):
     store = LocalStore(tmp_path)
-    snapshot.write_snapshot(store, "r", captured(3, w=torch.ones(1)))
+    tiers.write_snapshot(store, "r", captured(3, w=torch.ones(1)))
     (tmp_path / "r" / "snapshots" / ".000000000004.json.tmp").write_text("{")
     (tmp_path / "r" / "snapshots" / "notes.txt").write_text("x")
-    assert snapshot.list_steps(store, "r") == [3]
+    assert reader.list_steps(store, "r") == [3]
 
 
 def test_prune_keeps_the_newest_and_every_blob_they_reference(tmp_path):
     store = LocalStore(tmp_path)
     shared = torch.randn(fmt.PACK_THRESHOLD // 4)
     for step in range(1, 5):
-        snapshot.write_snapshot(store, "r", captured(step, shared=shared, own=torch.full((4,), step)))
-    snapshot.prune(store, "r", keep=2)
-    assert snapshot.list_steps(store, "r") == [3, 4]
+        tiers.write_snapshot(store, "r", captured(step, shared=shared, own=torch.full((4,), step)))
+    tiers.prune(store, "r", keep=2)
+    assert reader.list_steps(store, "r") == [3, 4]
     for step in (3, 4):
-        snapshot.verify(store, "r", step)
+        reader.verify(store, "r", step)
     assert len(store.list("r/blobs/")) == 3
 
 
 def test_reading_another_runs_manifest_is_refused(tmp_path):
     store = LocalStore(tmp_path)
-    snapshot.write_snapshot(store, "r", captured(1, w=torch.ones(1)))
+    tiers.write_snapshot(store, "r", captured(1, w=torch.ones(1)))
     (tmp_path / "q" / "snapshots").mkdir(parents=True)
     (tmp_path / "q" / "snapshots" / "000000000001.json").write_bytes(
         (tmp_path / "r" / "snapshots" / "000000000001.json").read_bytes())
     with pytest.raises(SnapshotError, match="belongs to run 'r'"):
-        snapshot.read_manifest(store, "q")
+        reader.read_manifest(store, "q")
 
 
 @pytest.mark.parametrize("key", ["../x", "/abs", "a//b", "a/./b", "a\\b", "a/b c"])

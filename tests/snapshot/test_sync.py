@@ -7,20 +7,14 @@ import torch
 
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
-from burst.snapshot import sync
-from burst.snapshot import tiers as snapshot
-from burst.snapshot.tiers import Captured
+from burst.snapshot import reader, sync
+from burst.snapshot.tensors import load_tensors
 from burst.store import LocalStore, MemoryStore, open_store
 from burst.store.retry import RetryPolicy
+from tests.snapshot_helpers import take
 from tests.store_servers import aws_env
 
 FAST = RetryPolicy(attempts=3, base=0.001, cap=0.001)
-
-
-def take(store, step: int, tensors: dict[str, torch.Tensor], run: str = "run") -> dict:
-    captured = Captured(step, {k: {"$tensor": k} for k in tensors}, tensors,
-                        {"reason": "periodic", "counters": {"epoch": 0}})
-    return snapshot.write_snapshot(store, run, captured)
 
 
 def frozen_backbone(seed: int) -> dict[str, torch.Tensor]:
@@ -51,7 +45,7 @@ def test_a_pushed_snapshot_pulls_back_identical_into_a_fresh_tier(local, remote,
     fresh = LocalStore(tmp_path / "fresh")
     transfer = sync.pull(remote, fresh, "run")
     assert transfer.step == 10 and not transfer.fallbacks
-    loaded = snapshot.load_tensors(fresh, snapshot.read_manifest(fresh, "run"))
+    loaded = load_tensors(fresh, reader.read_manifest(fresh, "run"))
     assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
 
 
@@ -88,8 +82,8 @@ def test_an_interrupted_upload_leaves_no_visible_snapshot(local):
     remote = DiesAfter("interrupted-1", n=2)
     with pytest.raises(KeyboardInterrupt):
         sync.push(local, remote, "run", policy=FAST)
-    assert snapshot.list_steps(remote, "run") == []
-    assert snapshot.read_manifest(remote, "run") is None
+    assert reader.list_steps(remote, "run") == []
+    assert reader.read_manifest(remote, "run") is None
 
 
 def test_a_resumed_upload_does_not_resend_blobs_that_landed(local):
@@ -100,7 +94,7 @@ def test_a_resumed_upload_does_not_resend_blobs_that_landed(local):
         sync.push(local, killed, "run", policy=FAST)
     resumed = sync.push(local, MemoryStore("interrupted-2"), "run", policy=FAST)[0]
     assert resumed.bytes_sent == total - killed.sent and resumed.bytes_skipped == killed.sent
-    assert snapshot.verify(MemoryStore("interrupted-2"), "run")["step"] == 5
+    assert reader.verify(MemoryStore("interrupted-2"), "run")["step"] == 5
 
 
 def test_pushing_a_snapshot_the_store_already_has_sends_nothing(local, remote):
@@ -120,12 +114,12 @@ def test_push_refuses_a_local_blob_that_does_not_match_its_hash(local):
     remote = MemoryStore("corrupt-source")
     with pytest.raises(SnapshotError, match="corrupt"):
         sync.push(local, remote, "run", policy=FAST)
-    assert remote.list("run/blobs/") == [] and snapshot.list_steps(remote, "run") == []
+    assert remote.list("run/blobs/") == [] and reader.list_steps(remote, "run") == []
 
 
 def damage_newest(remote, how: str) -> str:
-    manifest = snapshot.read_manifest(remote, "run")
-    previous = snapshot.read_manifest(remote, "run", snapshot.list_steps(remote, "run")[-2])
+    manifest = reader.read_manifest(remote, "run")
+    previous = reader.read_manifest(remote, "run", reader.list_steps(remote, "run")[-2])
     digest = next(d for d in manifest["blobs"] if d not in previous["blobs"])
     key = fmt.blob_key("run", digest)
     if how == "corrupt":
@@ -150,9 +144,9 @@ def test_pull_falls_back_to_the_previous_snapshot_when_a_blob_is_bad(local, remo
     assert transfer.step == 1
     assert len(transfer.fallbacks) == 1 and digest[:12] in transfer.fallbacks[0]
     assert messages and "falling back to step 1" in messages[0]
-    assert snapshot.list_steps(fresh, "run") == [1]  # the damaged snapshot never appears
+    assert reader.list_steps(fresh, "run") == [1]  # the damaged snapshot never appears
     assert fresh.size(fmt.blob_key("run", digest)) is None  # nor its bad blob
-    snapshot.verify(fresh, "run")
+    reader.verify(fresh, "run")
 
 
 def test_pull_with_no_intact_snapshot_fails_with_the_reason(local, tmp_path):
@@ -203,5 +197,5 @@ def test_push_and_pull_work_over_sftp(local, sshd, tmp_path):
     sync.push(local, remote, "run")
     fresh = LocalStore(tmp_path / "fresh")
     sync.pull(remote, fresh, "run")
-    loaded = snapshot.load_tensors(fresh, snapshot.read_manifest(fresh, "run"))
+    loaded = load_tensors(fresh, reader.read_manifest(fresh, "run"))
     assert all(torch.equal(loaded[k], v) for k, v in tensors.items())

@@ -10,6 +10,7 @@ import torch
 
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
+from burst.snapshot.tensors import DTYPES, layout_blobs
 from burst.state import tree
 
 
@@ -82,6 +83,13 @@ def test_non_json_manifest_is_rejected():
 def test_small_tensors_are_packed_and_large_ones_stand_alone():
     tensors = {"a": torch.zeros(10), "b": torch.zeros(fmt.PACK_THRESHOLD // 4),
                "c": torch.zeros(3, dtype=torch.float64)}
-    blobs = fmt.layout_blobs(tensors)
+    blobs = layout_blobs(tensors)
     assert [b.names for b in blobs] == [["b"], ["a", "c"]]
     assert all(o % fmt.ALIGN == 0 for b in blobs for o in b.offsets)
+
+
+def test_the_formats_dtype_sizes_are_torchs():
+    """Manifests are checked without torch, against the format's own table of sizes."""
+    assert DTYPES, "this torch has none of the format's dtypes"
+    for name, dtype in DTYPES.items():
+        assert fmt.ITEMSIZES[name] == torch.empty((), dtype=dtype).element_size(), name

@@ -6,22 +6,15 @@ import threading
 import time
 
 import pytest
-import torch
 
 from burst.errors import StoreError
-from burst.snapshot import tiers as snapshot
-from burst.snapshot.tiers import Captured
+from burst.snapshot import reader
 from burst.snapshot.upload import UploadQueue
 from burst.store import LocalStore, MemoryStore, TransientStoreError
 from burst.store.retry import RetryPolicy, retry
+from tests.snapshot_helpers import take
 
 FAST = RetryPolicy(attempts=4, base=0.001, cap=0.001)
-
-
-def take(store, step: int) -> None:
-    t = {"w": torch.full((1000,), float(step))}
-    snapshot.write_snapshot(store, "run", Captured(step, {"w": {"$tensor": "w"}}, t,
-                                                   {"reason": "periodic"}))
 
 
 class Gate(MemoryStore):
@@ -89,7 +82,7 @@ def test_when_uploads_fall_behind_the_newest_snapshot_wins(local):
     queue.flush(10)
     assert [t.step for t in queue.uploaded] == [1, 4]
     assert queue.skipped == [2, 3]
-    assert snapshot.list_steps(remote, "run") == [1, 4]
+    assert reader.list_steps(remote, "run") == [1, 4]
 
 
 def test_flush_with_a_deadline_raises_while_the_upload_goes_on(local):
@@ -101,7 +94,7 @@ def test_flush_with_a_deadline_raises_while_the_upload_goes_on(local):
         queue.flush(0.1)
     remote.gate.set()
     queue.flush(10)
-    assert snapshot.list_steps(remote, "run") == [1]
+    assert reader.list_steps(remote, "run") == [1]
 
 
 def test_throttled_writes_are_retried_until_they_land(local):
@@ -110,7 +103,7 @@ def test_throttled_writes_are_retried_until_they_land(local):
     queue = UploadQueue(local, remote, "run", policy=FAST)
     queue.submit(1)
     queue.flush(10)
-    assert snapshot.verify(remote, "run")["step"] == 1
+    assert reader.verify(remote, "run")["step"] == 1
 
 
 def test_a_permanent_failure_is_reported_by_flush(local):
@@ -128,7 +121,7 @@ def test_catch_up_after_a_restart_uploads_what_a_crash_left_behind(local):
     queue = UploadQueue(local, remote, "run", policy=FAST)
     queue.catch_up()
     queue.flush(10)
-    assert snapshot.list_steps(remote, "run") == [2]
+    assert reader.list_steps(remote, "run") == [2]
 
 
 def test_backoff_grows_exponentially_with_full_jitter_and_a_cap():

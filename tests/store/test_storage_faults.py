@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from burst.errors import BurstError, SnapshotError
-from burst.snapshot import sync
+from burst.snapshot import reader, sync
 from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore, open_store
 from burst.store.retry import RetryPolicy
@@ -74,9 +74,9 @@ def direct(seaweed: S3Server, url: str) -> S3Store:
 
 def assert_only_complete(store: object) -> list[int]:
     """Every snapshot the store lists verifies (manifest, each blob's size and hash)."""
-    steps = snapshot.list_steps(store, RUN)  # type: ignore[arg-type]
+    steps = reader.list_steps(store, RUN)  # type: ignore[arg-type]
     for step in steps:
-        snapshot.verify(store, RUN, step)  # type: ignore[arg-type]
+        reader.verify(store, RUN, step)  # type: ignore[arg-type]
     return steps
 
 
@@ -117,7 +117,7 @@ def test_push_that_keeps_failing_is_loud_and_commits_nothing(proxy, seaweed,
         sync.push(local, through(endpoint, url), RUN, policy=FAST)
     assert "\n" not in str(caught.value) and "InternalError" in str(caught.value)
     remote = direct(seaweed, url)
-    assert snapshot.list_steps(remote, RUN) == []  # no manifest for a half-uploaded snapshot
+    assert reader.list_steps(remote, RUN) == []  # no manifest for a half-uploaded snapshot
     faults.clear()
     sync.push(local, through(endpoint, url), RUN, policy=FAST)  # the retry completes it
     assert assert_only_complete(remote) == [1]
@@ -133,7 +133,7 @@ def test_a_blob_the_server_drops_is_never_committed(proxy, seaweed, tmp_path: Pa
     with pytest.raises(BurstError) as caught:
         sync.push(local, through(endpoint, url), RUN, policy=FAST)
     assert "landed" in str(caught.value)
-    assert snapshot.list_steps(direct(seaweed, url), RUN) == []
+    assert reader.list_steps(direct(seaweed, url), RUN) == []
 
 
 def test_slow_bodies_finish_intact_both_ways(proxy, seaweed, tmp_path: Path) -> None:
@@ -176,7 +176,7 @@ def test_corrupt_download_is_refused_and_falls_back(proxy, uploaded, tmp_path: P
     """Bytes flipped in flight fail the hash check; pull never commits that snapshot."""
     faults, endpoint = proxy
     remote = through(endpoint, uploaded)
-    newest = snapshot.read_manifest(remote, RUN)
+    newest = reader.read_manifest(remote, RUN)
     assert newest is not None
     changed = [d for d in newest["blobs"] if newest["blobs"][d]["size"] >= BIG * 4]
     faults.add("corrupt", "GET", changed[0], times=None)
@@ -194,7 +194,7 @@ def test_corrupt_manifest_in_flight_is_refused(proxy, uploaded, tmp_path: Path) 
     with pytest.raises(BurstError) as caught:
         sync.pull(through(endpoint, uploaded), LocalStore(tmp_path / "dst"), RUN, policy=FAST)
     assert "\n" not in str(caught.value)
-    assert snapshot.list_steps(LocalStore(tmp_path / "dst"), RUN) == []
+    assert reader.list_steps(LocalStore(tmp_path / "dst"), RUN) == []
 
 
 # -- a full disk -----------------------------------------------------------------------

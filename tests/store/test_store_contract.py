@@ -10,7 +10,9 @@ import pytest
 import torch
 
 from burst.errors import SnapshotError
+from burst.snapshot import reader
 from burst.snapshot import tiers as snapshot
+from burst.snapshot.tensors import load_tensors
 from burst.snapshot.tiers import Captured
 from burst.store import open_store
 from tests.store_servers import aws_env
@@ -114,6 +116,6 @@ def test_a_snapshot_written_into_the_store_loads_back_verified(store):
     tensors = {"w": torch.randn(300_000), "b": torch.arange(5)}
     captured = Captured(3, {k: {"$tensor": k} for k in tensors}, tensors, {"reason": "test"})
     snapshot.write_snapshot(store, "run", captured)
-    assert snapshot.list_steps(store, "run") == [3]
-    loaded = snapshot.load_tensors(store, snapshot.read_manifest(store, "run"))
+    assert reader.list_steps(store, "run") == [3]
+    loaded = load_tensors(store, reader.read_manifest(store, "run"))
     assert all(torch.equal(loaded[k], v) for k, v in tensors.items())

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from burst import events
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
 from burst.store import LocalStore
 from tests.conftest import EXAMPLE, assert_same, final_state, run_example, step_records
 

@@ -7,7 +7,8 @@ import subprocess
 import sys
 import textwrap
 
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
+from burst.snapshot.tensors import load_tensors
 from burst.store import LocalStore
 
 PROGRAM = textwrap.dedent("""
@@ -64,7 +65,7 @@ def test_the_oom_snapshot_holds_the_batchnorm_statistics_of_the_boundary(tmp_pat
     means = []
     for side in ("a", "b"):
         store = LocalStore(tmp_path / side / "store")
-        tensors = snapshot.load_tensors(store, snapshot.read_manifest(store, "guarded"))
+        tensors = load_tensors(store, snapshot.read_manifest(store, "guarded"))
         means.append(next(t for name, t in tensors.items() if name.endswith("running_mean")))
     assert torch.equal(means[0], means[1])
 

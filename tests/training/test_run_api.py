@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import burst
 from burst.errors import ConfigError, SnapshotError
-from burst.snapshot import tiers as snapshot
+from burst.snapshot import reader as snapshot
 from burst.store import LocalStore
 
 DATA = TensorDataset(torch.arange(40, dtype=torch.float32).reshape(20, 2), torch.arange(20))

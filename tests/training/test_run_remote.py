@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import burst
-from burst.snapshot import sync
+from burst.snapshot import reader, sync
 from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore, open_store
 from tests.store_servers import aws_env
@@ -56,8 +56,8 @@ def test_a_run_on_a_remote_store_uploads_and_resumes_on_a_fresh_machine(remote_u
     train(run, model, opt, steps=3)
     run.close()
     remote = open_store(remote_url)
-    assert snapshot.list_steps(remote, "r") == [3]
-    assert snapshot.list_steps(LocalStore(tmp_path / "node1"), "r") == [3]
+    assert reader.list_steps(remote, "r") == [3]
+    assert reader.list_steps(LocalStore(tmp_path / "node1"), "r") == [3]
     again = burst.Run("r", global_batch=4, store=remote_url, local=tmp_path / "node2")
     model2, opt2 = model_and_optimizer()
     report = again.attach(model2, opt2)
@@ -75,7 +75,7 @@ def test_a_snapshot_a_crash_left_un_uploaded_goes_up_when_the_run_restarts(remot
     run.close()
     restarted = burst.Run("c", global_batch=4, store=remote_url, local=node)
     restarted.flush(30)
-    assert snapshot.list_steps(open_store(remote_url), "c") == [2]
+    assert reader.list_steps(open_store(remote_url), "c") == [2]
 
 
 KILLED_PUSH = textwrap.dedent("""
@@ -115,8 +115,8 @@ def test_a_killed_upload_resumes_without_resending_verified_blobs(seaweed, tmp_p
     process.send_signal(signal.SIGKILL)
     process.wait(10)
     remote = open_store(url)
-    assert snapshot.list_steps(remote, "k") == []  # nothing visible from the killed upload
+    assert reader.list_steps(remote, "k") == []  # nothing visible from the killed upload
     resumed = sync.push(local, remote, "k")[0]
     assert resumed.blobs_skipped >= 3 and resumed.blobs_sent == len(manifest["blobs"]) - \
         resumed.blobs_skipped
-    snapshot.verify(remote, "k")
+    reader.verify(remote, "k")

@@ -1,0 +1,639 @@
+"""Put burst on a bare node with nothing but ``python3``'s standard library.
+
+The task's ``setup`` writes this file out of a heredoc and runs it with the node's
+``python3`` (3.10 or newer: Ubuntu 22.04, SkyPilot's default image) before anything is
+installed, so it imports nothing from burst and nothing outside the standard library. It:
+
+1. finds the interpreter the run's lockfile names (``$BURST_PYTHON``, e.g. ``3.11``:
+   ``python3.11`` on PATH, or one ``uv`` already has) and stops in one line, before any
+   download, when the node has none;
+2. reads the run's wheelhouse index (``<run>/env/wheelhouse-<$BURST_LOCKFILE_DIGEST>.json``)
+   from the run's store and fetches every wheel it lists (``wheels/<sha256>/<file>``) into
+   ``$BURST_NODE_DIR/wheelhouse`` (the index beside them, as ``wheelhouse.json``),
+   checking each file's SHA-256 (a file already there with the right hash is kept: a
+   recovered node, and ``burst node setup`` after it, fetch nothing twice);
+3. creates the node's one venv, ``$BURST_NODE_DIR/venv``, with that interpreter (pip from
+   ensurepip where the OS ships it, else ``--without-pip`` and pip run from its wheel);
+4. installs burst's own wheel and, through it, its dependencies (torch already in the
+   build the target card needs) with ``pip install --no-index --find-links``; a forwarded
+   package mirror (``$BURST_INDEX_URL``, ``$BURST_EXTRA_INDEX_URL``, ``$BURST_TORCH_INDEX``)
+   is tried only when the wheelhouse alone cannot satisfy it.
+
+``burst node setup`` then runs from that venv and installs the rest of the lockfile into it.
+
+Stores: ``file://`` (and plain paths), ``s3://`` (AWS or any S3-compatible endpoint:
+``$BURST_ENDPOINT_URL``, ``$AWS_ENDPOINT_URL``; ``$BURST_REGION``; ``$BURST_CA_BUNDLE``;
+``$BURST_ADDRESSING_STYLE``), ``oss://`` (Alibaba Cloud through its S3-compatible API) and
+``sftp://`` (the system's OpenSSH ``sftp``/``scp``). Credentials come from the task's
+secrets in the environment and are only ever held in memory.
+
+Why a hand-written S3 client: boto3 is exactly what this script is installing, and pip
+cannot fetch it from a node that reaches no package index (mainland China, air-gapped
+labs). Reading objects needs only a signed GET, so a minimal AWS Signature Version 4
+signer on ``urllib`` is the one hand-written client burst has; everything after the
+bootstrap uses the real SDKs. Keep this file parseable by Python 3.7 so that an old
+``python3`` reaches the version check and says so in one line instead of a SyntaxError.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import hmac
+import ipaddress
+import json
+import os
+import platform
+import re
+import shutil
+import ssl
+import subprocess
+import sys
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+
+MIN_PYTHON = (3, 10)
+INDEX_FORMAT = 1
+EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
+CHUNK = 1 << 20
+ATTEMPTS = 3
+INDEX_FILE = "wheelhouse.json"  # beside the wheels, as burst.env.wheelhouse.download leaves it
+PIP_MODE_ENV = "BURST_BOOTSTRAP_PIP"  # "wheel": skip ensurepip (tests, odd images)
+
+
+class BootstrapError(Exception):
+    """A one-line reason the node cannot be set up; ``code`` 2 for what the user must fix
+    before anything can be fetched, 1 for a failure along the way."""
+
+    def __init__(self, message: str, code: int = 1) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class NotFound(Exception):
+    """The store has no object under that key."""
+
+
+def say(message: str) -> None:
+    print(f"burst bootstrap: {message}", file=sys.stderr, flush=True)
+
+
+# -- the interpreter ------------------------------------------------------------------------
+
+
+def check_running_python(version: tuple = tuple(sys.version_info[:2])) -> None:
+    if tuple(version) < MIN_PYTHON:
+        raise BootstrapError(
+            f"python3 here is {version[0]}.{version[1]}; burst needs 3.10 or newer on the "
+            "node (use an image with a newer python3, e.g. Ubuntu 22.04)", 2)
+
+
+def python_version_of(executable: str) -> str | None:
+    """``major.minor`` of an interpreter, or None when it does not run."""
+    try:
+        done = subprocess.run(
+            [executable, "-c", "import sys; print('%d.%d' % sys.version_info[:2])"],
+            capture_output=True, text=True, timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def find_python(wanted: str, environ: dict) -> str:
+    """The interpreter for the lock's ``major.minor`` (``wanted``; empty: this one)."""
+    here = "{}.{}".format(*sys.version_info[:2])
+    if not wanted or wanted == here:
+        return sys.executable
+    path = environ.get("PATH", os.defpath)
+    candidates = [shutil.which(f"python{wanted}", path=path)]
+    candidates += [f"{d}/python{wanted}" for d in ("/usr/bin", "/usr/local/bin", "/opt/conda/bin")]
+    candidates += [shutil.which("python3", path=path), shutil.which("python", path=path)]
+    for candidate in candidates:
+        if candidate and os.path.exists(candidate) and python_version_of(candidate) == wanted:
+            return candidate
+    uv = shutil.which("uv", path=path)
+    if uv:
+        try:
+            done = subprocess.run([uv, "python", "find", wanted], capture_output=True,
+                                  text=True, timeout=120, check=False)
+        except (OSError, subprocess.SubprocessError):
+            done = None
+        found = done.stdout.strip() if done is not None and done.returncode == 0 else ""
+        if found and python_version_of(found) == wanted:
+            return found
+    raise BootstrapError(
+        f"the run's environment is Python {wanted} and this node has none (python3 is "
+        f"{here}, no python{wanted} on PATH): use an image with Python {wanted} "
+        f"(SkyPilot image_id) or install python{wanted} on the node", 2)
+
+
+def can_ensurepip(python: str, environ: dict) -> bool:
+    """Whether ``python -m venv`` can seed pip here (Debian/Ubuntu need python3-venv)."""
+    if environ.get(PIP_MODE_ENV) == "wheel":
+        return False
+    try:
+        done = subprocess.run([python, "-c", "import ensurepip, venv"], capture_output=True,
+                              timeout=60, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return done.returncode == 0
+
+
+# -- stores -----------------------------------------------------------------------------------
+
+
+def clean_key(key: str) -> str:
+    """A store key: relative, no ``..``, no empty parts (an index cannot point elsewhere)."""
+    parts = key.split("/")
+    if not key or key.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise BootstrapError(f"the wheelhouse index names an unsafe key {key!r}")
+    return key
+
+
+class FileSource:
+    """``file:///path`` or a plain path: the store is a directory."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self.where = root
+
+    def fetch(self, key: str, out) -> None:
+        try:
+            with open(os.path.join(self.root, *key.split("/")), "rb") as f:
+                shutil.copyfileobj(f, out, CHUNK)
+        except FileNotFoundError:
+            raise NotFound(key) from None
+
+
+def sigv4_headers(method: str, url: str, region: str, access_key: str, secret_key: str,
+                  token: str | None = None, payload_hash: str = EMPTY_SHA256,
+                  now: datetime.datetime | None = None, service: str = "s3",
+                  headers: dict | None = None) -> dict:
+    """The headers (``Authorization`` and the ``x-amz-*`` it signs) of an AWS Signature
+    Version 4 request. ``url``'s path must already be URI-encoded, as S3 wants it (S3 is
+    the one service whose canonical path is not normalized or encoded a second time)."""
+    now = now or datetime.datetime.now(datetime.timezone.utc)
+    amz_date, day = now.strftime("%Y%m%dT%H%M%SZ"), now.strftime("%Y%m%d")
+    parts = urllib.parse.urlsplit(url)
+    signed = {k.lower(): str(v).strip() for k, v in (headers or {}).items()}
+    signed["host"] = parts.netloc
+    signed["x-amz-content-sha256"] = payload_hash
+    signed["x-amz-date"] = amz_date
+    if token:
+        signed["x-amz-security-token"] = token
+    names = sorted(signed)
+    query = sorted(urllib.parse.parse_qsl(parts.query, keep_blank_values=True))
+    canonical_query = "&".join(f"{urllib.parse.quote(k, safe='-_.~')}="
+                               f"{urllib.parse.quote(v, safe='-_.~')}" for k, v in query)
+    canonical = "\n".join([method, parts.path or "/", canonical_query,
+                           "".join(f"{n}:{' '.join(signed[n].split())}\n" for n in names),
+                           ";".join(names), payload_hash])
+    scope = f"{day}/{region}/{service}/aws4_request"
+    to_sign = "\n".join(["AWS4-HMAC-SHA256", amz_date, scope,
+                         hashlib.sha256(canonical.encode()).hexdigest()])
+    key = ("AWS4" + secret_key).encode()
+    for part in (day, region, service, "aws4_request"):
+        key = hmac.new(key, part.encode(), hashlib.sha256).digest()
+    signature = hmac.new(key, to_sign.encode(), hashlib.sha256).hexdigest()
+    out = {n: signed[n] for n in names if n != "host"}
+    out["authorization"] = (f"AWS4-HMAC-SHA256 Credential={access_key}/{scope}, "
+                            f"SignedHeaders={';'.join(names)}, Signature={signature}")
+    return out
+
+
+class S3Source:
+    """Signed GETs against S3 or an S3-compatible endpoint (OSS, MinIO, SeaweedFS, R2...)."""
+
+    def __init__(self, bucket: str, prefix: str, endpoint: str, region: str,
+                 style: str, credentials: tuple, ca_bundle: str | None = None) -> None:
+        self.bucket, self.prefix, self.region = bucket, prefix.strip("/"), region
+        self.endpoint = endpoint.rstrip("/")
+        self.style = style
+        self.credentials = credentials  # (key, secret, token) or None: unsigned
+        self.context = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else None
+        self.where = f"{bucket}/{self.prefix} at {self.endpoint}"
+
+    def url(self, key: str) -> str:
+        full = f"{self.prefix}/{key}" if self.prefix else key
+        path = urllib.parse.quote(full, safe="/-_.~")
+        parts = urllib.parse.urlsplit(self.endpoint)
+        if self.style == "virtual":
+            return f"{parts.scheme}://{self.bucket}.{parts.netloc}{parts.path}/{path}"
+        return f"{self.endpoint}/{urllib.parse.quote(self.bucket, safe='-_.~')}/{path}"
+
+    def fetch(self, key: str, out) -> None:
+        url = self.url(key)
+        headers = {}
+        if self.credentials:
+            access, secret, token = self.credentials
+            headers = sigv4_headers("GET", url, self.region, access, secret, token)
+        request = urllib.request.Request(url, headers=headers, method="GET")
+        try:
+            with urllib.request.urlopen(request, timeout=60, context=self.context) as response:
+                shutil.copyfileobj(response, out, CHUNK)
+        except urllib.error.HTTPError as error:
+            body = error.read(4096).decode("utf-8", "replace")
+            code = re.search(r"<Code>([^<]+)</Code>", body)
+            what = code.group(1) if code else error.reason
+            if error.code == 404 or what in ("NoSuchKey", "NoSuchBucket"):
+                raise NotFound(key) from None
+            hint = ": check the store's credentials (task secrets)" if error.code == 403 else ""
+            raise BootstrapError(f"{self.where} answered {error.code} {what} for {key}{hint}"
+                                 ) from None
+
+
+def _dns_bucket(bucket: str) -> bool:
+    return bool(re.match(r"^[a-z0-9][a-z0-9-]{1,61}[a-z0-9]$", bucket))
+
+
+def _is_ip_or_local(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+    except ValueError:
+        return False
+    return True
+
+
+def s3_source(url: str, environ: dict) -> S3Source:
+    """An :class:`S3Source` for ``s3://`` or ``oss://`` with the task's settings."""
+    parts = urllib.parse.urlsplit(url)
+    scheme, bucket, prefix = parts.scheme.lower(), parts.netloc, parts.path
+    if not bucket:
+        raise BootstrapError(f"{url!r} names no bucket", 2)
+    endpoint = first(environ, "BURST_ENDPOINT_URL", "BURST_S3_ENDPOINT_URL",
+                     "AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL")
+    region = first(environ, "BURST_REGION", "AWS_REGION", "AWS_DEFAULT_REGION")
+    style = (environ.get("BURST_ADDRESSING_STYLE") or "auto").lower()
+    keys = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")
+    if scheme == "oss":
+        region = region or environ.get("OSS_REGION") or ""
+        match = re.match(r"^(oss-)?([a-z]{2}-[a-z0-9-]+)$", region.strip().lower())
+        if not match and not endpoint:
+            raise BootstrapError(f"{url}: OSS needs a region such as oss-cn-beijing "
+                                 "($BURST_REGION)", 2)
+        if match:
+            region = match.group(2)
+            internal = (environ.get("BURST_OSS_INTERNAL") or "").lower() in ("1", "true", "yes")
+            endpoint = endpoint or (f"https://s3.oss-{region}"
+                                    f"{'-internal' if internal else ''}.aliyuncs.com")
+        style = "virtual"
+        if environ.get("OSS_ACCESS_KEY_ID") and environ.get("OSS_ACCESS_KEY_SECRET"):
+            keys = ("OSS_ACCESS_KEY_ID", "OSS_ACCESS_KEY_SECRET", "OSS_SESSION_TOKEN")
+    region = region or "us-east-1"
+    if not endpoint:
+        endpoint = f"https://s3.{region}.amazonaws.com"
+    host = urllib.parse.urlsplit(endpoint).hostname or ""
+    if style not in ("path", "virtual"):
+        style = "virtual" if _dns_bucket(bucket) and not _is_ip_or_local(host) else "path"
+    access, secret = environ.get(keys[0]), environ.get(keys[1])
+    credentials = (access, secret, environ.get(keys[2]) or None) if access and secret else None
+    return S3Source(bucket, prefix, endpoint, region, style, credentials,
+                    first(environ, "BURST_CA_BUNDLE", "AWS_CA_BUNDLE") or None)
+
+
+class SFTPSource:
+    """``sftp://[user@]host[:port]/dir`` through the system's OpenSSH client."""
+
+    def __init__(self, url: str, environ: dict) -> None:
+        parts = urllib.parse.urlsplit(url)
+        if not parts.hostname or not parts.path.strip("/"):
+            raise BootstrapError(f"{url!r}: use sftp://[user@]host[:port]/path", 2)
+        self.host = parts.hostname
+        self.user = urllib.parse.unquote(parts.username or "")
+        self.port = parts.port
+        self.root = urllib.parse.unquote(parts.path).rstrip("/")
+        self.where = url
+        self.options = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes"]
+        if environ.get("BURST_SSH_CONFIG"):
+            self.options += ["-F", os.path.expanduser(environ["BURST_SSH_CONFIG"])]
+        if environ.get("BURST_KNOWN_HOSTS"):
+            self.options += ["-o", "UserKnownHostsFile="
+                             + os.path.expanduser(environ["BURST_KNOWN_HOSTS"])]
+        if environ.get("BURST_SSH_IDENTITY"):
+            self.options += ["-i", os.path.expanduser(environ["BURST_SSH_IDENTITY"])]
+        if self.port:
+            self.options += ["-P", str(self.port)]
+        self.sftp, self.scp = shutil.which("sftp"), shutil.which("scp")
+        if not (self.sftp or self.scp):
+            raise BootstrapError("sftp:// stores need OpenSSH's sftp or scp on the node "
+                                 "(apt-get install openssh-client)", 2)
+
+    def fetch(self, key: str, out) -> None:
+        remote = f"{self.root}/{key}"
+        target = f"{self.user}@{self.host}" if self.user else self.host
+        with tempfile.TemporaryDirectory(prefix="burst-sftp-") as tmp:
+            local = os.path.join(tmp, "object")
+            if self.sftp:
+                batch = f'get "{remote}" "{local}"\n'
+                done = subprocess.run([self.sftp, "-q", "-b", "-", *self.options, target],
+                                      input=batch, capture_output=True, text=True, check=False)
+            else:
+                done = subprocess.run([self.scp, "-q", *self.options, f"{target}:{remote}",
+                                       local], capture_output=True, text=True, check=False)
+            if done.returncode != 0:
+                error = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+                if "not found" in error.lower() or "no such file" in error.lower():
+                    raise NotFound(key)
+                raise BootstrapError(f"{self.where}: cannot fetch {key}: {error}")
+            with open(local, "rb") as f:
+                shutil.copyfileobj(f, out, CHUNK)
+
+
+def open_source(url: str, environ: dict):
+    """The store the task names, for reading."""
+    scheme = urllib.parse.urlsplit(url).scheme.lower()
+    if scheme in ("", "file"):
+        path = urllib.parse.unquote(urllib.parse.urlsplit(url).path) if scheme else url
+        return FileSource(os.path.expanduser(path))
+    if scheme in ("s3", "oss"):
+        return s3_source(url, environ)
+    if scheme == "sftp":
+        return SFTPSource(url, environ)
+    raise BootstrapError(f"the bootstrap cannot read {scheme}:// stores: it reads file://, "
+                         "s3:// (and S3-compatible endpoints), oss:// and sftp://", 2)
+
+
+def first(environ: dict, *names: str) -> str | None:
+    return next((environ[n] for n in names if environ.get(n)), None)
+
+
+# -- the wheelhouse ---------------------------------------------------------------------------
+
+
+def index_key(run_id: str, digest: str) -> str:
+    return f"{run_id}/env/wheelhouse-{digest}.json"
+
+
+def load_index(source, run_id: str, digest: str) -> dict:
+    """The run's wheelhouse index for this lockfile, checked for shape."""
+    buffer = _Buffer()
+    try:
+        fetch_retrying(source, index_key(run_id, digest), buffer)
+    except NotFound:
+        raise BootstrapError(f"the store {source.where} has no wheelhouse for lockfile "
+                             f"{digest[:12]} of run {run_id}: burst resume builds it (or "
+                             "burst push on the machine that ran it)") from None
+    try:
+        index = json.loads(buffer.getvalue())
+    except ValueError:
+        raise BootstrapError(f"the wheelhouse index of lockfile {digest[:12]} is not JSON"
+                             ) from None
+    if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
+        raise BootstrapError(f"the wheelhouse index of lockfile {digest[:12]} has format "
+                             f"{index.get('format') if isinstance(index, dict) else '?'!r}; "
+                             f"this bootstrap reads format {INDEX_FORMAT}")
+    return index
+
+
+def check_target(index: dict, wanted: str) -> None:
+    target = index.get("target") or {}
+    machine = (target.get("machine") or "").lower()
+    here = platform.machine().lower()
+    if machine and here and machine != here:
+        raise BootstrapError(f"the wheelhouse was built for {machine} and this node is {here}",
+                             2)
+    python = str(target.get("python") or "")
+    if wanted and python and python != wanted:
+        raise BootstrapError(f"the wheelhouse was built for Python {python}, the lockfile "
+                             f"says {wanted}", 2)
+
+
+class _Buffer:
+    def __init__(self) -> None:
+        self.parts: list = []
+
+    def write(self, data: bytes) -> int:
+        self.parts.append(bytes(data))
+        return len(data)
+
+    def getvalue(self) -> bytes:
+        return b"".join(self.parts)
+
+    def reset(self) -> None:
+        self.parts = []
+
+
+def fetch_retrying(source, key: str, out) -> None:
+    """``source.fetch`` with a few attempts on network errors (not on a missing key)."""
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            source.fetch(key, out)
+            return
+        except (OSError, urllib.error.URLError) as error:
+            if attempt == ATTEMPTS:
+                reason = getattr(error, "reason", None) or error
+                raise BootstrapError(f"cannot read {key} from {source.where}: {reason}"
+                                     ) from None
+            out.reset()
+
+
+class _HashingFile:
+    """A file being written that hashes what goes into it."""
+
+    def __init__(self, path: str) -> None:
+        self.file = open(path, "wb")  # noqa: SIM115 (closed by download, after retries)
+        self.sha = hashlib.sha256()
+
+    def write(self, data: bytes) -> int:
+        self.sha.update(data)
+        return self.file.write(data)
+
+    def reset(self) -> None:
+        self.file.seek(0)
+        self.file.truncate()
+        self.sha = hashlib.sha256()
+
+
+def sha256_of(path: str) -> str:
+    sha = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(CHUNK), b""):
+            sha.update(block)
+    return sha.hexdigest()
+
+
+def checked_entries(index: dict) -> list:
+    """The index's wheels, each with a plain file name and a safe key."""
+    wheels = index.get("wheels")
+    if not isinstance(wheels, list):
+        raise BootstrapError("the wheelhouse index lists no wheels")
+    for wheel in wheels:
+        name = str(wheel.get("file", ""))
+        if not name.endswith(".whl") or "/" in name or name.startswith("."):
+            raise BootstrapError(f"the wheelhouse index names an odd wheel file {name!r}")
+        if not re.match(r"^[0-9a-f]{64}$", str(wheel.get("sha256", ""))):
+            raise BootstrapError(f"the wheelhouse index gives {name} no sha256")
+        clean_key(str(wheel.get("key", "")))
+    return wheels
+
+
+def download(source, wheels: list, dest: str) -> tuple:
+    """Every wheel into ``dest``, each checked against its SHA-256; (fetched bytes, kept)."""
+    os.makedirs(dest, exist_ok=True)
+    fetched, kept = 0, 0
+    for wheel in wheels:
+        path = os.path.join(dest, wheel["file"])
+        if os.path.exists(path) and sha256_of(path) == wheel["sha256"]:
+            kept += 1
+            continue
+        partial = path + ".part"
+        out = _HashingFile(partial)
+        try:
+            try:
+                fetch_retrying(source, wheel["key"], out)
+            except NotFound:
+                raise BootstrapError(f"wheel {wheel['file']} is listed in the wheelhouse "
+                                     f"index but missing from {source.where}") from None
+        finally:
+            out.file.close()
+        got = out.sha.hexdigest()
+        if got != wheel["sha256"]:
+            os.unlink(partial)
+            raise BootstrapError(f"wheel {wheel['file']} does not match its sha256 (expected "
+                                 f"{wheel['sha256'][:12]}..., got {got[:12]}...): refusing it")
+        os.replace(partial, path)
+        fetched += os.path.getsize(path)
+    return fetched, kept
+
+
+# -- the venv and the install -----------------------------------------------------------------
+
+
+def venv_python(venv: str) -> str:
+    return os.path.join(venv, "bin", "python")
+
+
+def make_venv(python: str, venv: str, wanted: str, with_pip: bool) -> bool:
+    """The node's venv (kept when it is already there with the right Python); returns
+    whether it has pip of its own."""
+    existing = venv_python(venv)
+    if os.path.exists(existing) and python_version_of(existing) == (
+            wanted or python_version_of(python)):
+        return _has_pip(existing)
+    if os.path.exists(venv):
+        shutil.rmtree(venv)
+    if with_pip:
+        done = subprocess.run([python, "-m", "venv", venv], capture_output=True, text=True,
+                              check=False)
+        if done.returncode == 0:
+            return True
+        shutil.rmtree(venv, ignore_errors=True)
+    done = subprocess.run([python, "-m", "venv", "--without-pip", venv], capture_output=True,
+                          text=True, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise BootstrapError(f"cannot create a venv with {python}: {last}")
+    return False
+
+
+def _has_pip(python: str) -> bool:
+    return subprocess.run([python, "-c", "import pip"], capture_output=True,
+                          check=False).returncode == 0
+
+
+def mirror_args(environ: dict, index: dict) -> list:
+    """pip's index options for the forwarded mirrors (empty: there are none)."""
+    args = []
+    if environ.get("BURST_INDEX_URL"):
+        args += ["--index-url", environ["BURST_INDEX_URL"]]
+    for url in (environ.get("BURST_EXTRA_INDEX_URL") or "").split():
+        args += ["--extra-index-url", url]
+    torch = environ.get("BURST_TORCH_INDEX") or ""
+    variant = (index.get("target") or {}).get("torch_variant")
+    if torch and variant and "{variant}" in torch:
+        args += ["--extra-index-url", torch.replace("{variant}", str(variant))]
+    return args
+
+
+def install(venv: str, has_pip: bool, wheels: list, dest: str, environ: dict,
+            index: dict) -> str:
+    """Install burst's wheel (and through it its dependencies) from ``dest``; returns what
+    was installed, for the log."""
+    python = venv_python(venv)
+    burst = [w for w in wheels if w.get("role") == "burst"]
+    spec = environ.get("BURST_SPEC") or ""
+    targets = [os.path.join(dest, w["file"]) for w in burst] or ([spec] if spec else [])
+    if not targets:
+        raise BootstrapError("the wheelhouse holds no burst wheel (role \"burst\") and no "
+                             "$BURST_SPEC names one to fetch from a mirror")
+    pip = [python, "-m", "pip"]
+    if not has_pip:
+        tool = [w for w in wheels if w.get("role") == "tool"
+                and w["file"].lower().startswith("pip-")]
+        if not tool:
+            raise BootstrapError("this node's Python has no ensurepip (python3-venv) and the "
+                                 "wheelhouse holds no pip wheel to run instead")
+        pip = [python, os.path.join(dest, tool[0]["file"], "pip")]
+        targets.append("pip")  # the venv keeps a pip of its own for burst node setup
+    base = [*pip, "install", "--disable-pip-version-check", "--no-input", "--quiet",
+            "--find-links", dest]
+    env = dict(environ)
+    env.pop("PIP_REQUIRE_VIRTUALENV", None)
+    done = subprocess.run([*base, "--no-index", *targets], env=env, check=False)
+    if done.returncode != 0:
+        mirrors = mirror_args(environ, index)
+        if not mirrors:
+            raise BootstrapError(f"pip could not install burst from the wheelhouse alone (exit "
+                                 f"{done.returncode}, see above) and no package mirror is "
+                                 "forwarded ($BURST_INDEX_URL)")
+        say("the wheelhouse alone was not enough: trying the forwarded package mirrors")
+        done = subprocess.run([*base, *mirrors, *targets], env=env, check=False)
+        if done.returncode != 0:
+            raise BootstrapError(f"pip could not install burst (exit {done.returncode}), "
+                                 "see above")
+    if not os.path.exists(os.path.join(venv, "bin", "burst")):
+        raise BootstrapError(f"burst installed but {venv}/bin/burst is missing")
+    return ", ".join(f"{w.get('name')} {w.get('version')}" for w in burst) or spec
+
+
+# -- the whole --------------------------------------------------------------------------------
+
+
+def run(environ: dict) -> None:
+    check_running_python()
+    run_id, url = environ.get("BURST_RUN_ID"), environ.get("BURST_STORE")
+    digest = environ.get("BURST_LOCKFILE_DIGEST") or ""
+    if not run_id or not url:
+        raise BootstrapError("the task sets no $BURST_RUN_ID or $BURST_STORE", 2)
+    if not re.match(r"^[0-9a-f]{64}$", digest):
+        raise BootstrapError("the task names no lockfile ($BURST_LOCKFILE_DIGEST): the run "
+                             "was never frozen, so the node cannot rebuild it", 2)
+    wanted = (environ.get("BURST_PYTHON") or "").strip()
+    python = find_python(wanted, environ)
+    with_pip = can_ensurepip(python, environ)
+    source = open_source(url, environ)
+    index = load_index(source, run_id, digest)
+    check_target(index, wanted)
+    wheels = checked_entries(index)
+    for gap in index.get("missing") or []:
+        say(f"not in the wheelhouse: {gap.get('name')} {gap.get('version')} "
+            f"({gap.get('why')})")
+    node = environ.get("BURST_NODE_DIR") or os.path.join(os.path.expanduser("~"), "burst-node")
+    dest, venv = os.path.join(node, "wheelhouse"), os.path.join(node, "venv")
+    fetched, kept = download(source, wheels, dest)
+    with open(os.path.join(dest, INDEX_FILE), "w", encoding="utf-8") as f:
+        f.write(json.dumps(index, sort_keys=True, indent=1) + "\n")
+    say(f"{len(wheels)} wheels in {dest} ({fetched / 1e6:.1f} MB fetched, {kept} already "
+        "there), each matching its sha256")
+    has_pip = make_venv(python, venv, wanted, with_pip)
+    what = install(venv, has_pip, wheels, dest, environ, index)
+    say(f"{what} installed in {venv} (Python {wanted or python_version_of(python)})")
+
+
+def main() -> int:
+    try:
+        run(dict(os.environ))
+    except BootstrapError as error:
+        say(str(error))
+        return error.code
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The one way a snapshot enters a store: blobs first, each verified, the manifest last.
+
+Every writer commits through :func:`commit`: the persister writing the local tier
+(:mod:`burst.snapshot.tiers`), a push to a remote store and a pull back into the local
+tier (:mod:`burst.snapshot.sync`). The order is what makes a snapshot complete or
+invisible on every backend (each store write is atomic, :mod:`burst.store.base`):
+
+1. write an upload marker naming the blobs, so a ``burst gc`` running meanwhile keeps them
+   (:mod:`burst.snapshot.retention`);
+2. write every blob the store lacks (largest first, a few at a time) and check the size
+   each one landed with; a blob already there under its content-addressed name is skipped;
+3. write the manifest, the only thing readers look for;
+4. check every blob again and re-write any that a GC racing between steps 2 and 3 removed
+   (a visible manifest whose blob is gone would be a broken snapshot);
+5. delete the marker.
+
+A crash or a failed write anywhere before step 3 leaves garbage blobs (GC collects them)
+and no manifest, so the store still shows exactly what it showed before: a failed upload
+leaves the previous snapshot intact.
+
+The manifest write is the one decision a writer makes, and it depends on who else can
+write the same step:
+
+* ``overwrite=False``, first writer wins, for a store other machines write too (a push to
+  the remote). The manifest goes in with ``put_if_absent`` (atomic where the backend can
+  make it so), and a step already there is not touched: the commit sends nothing and
+  returns False. A published step then never changes under its readers: a resume that
+  planned from step N (its batch layout, its failure reason) pulls that same step N later,
+  even if a node thought dead is still pushing next to its replacement. A retried push
+  finds its own manifest and is a no-op, and a retried manifest write whose first attempt
+  did land (the answer was lost) reads as "already there", which it is.
+* ``overwrite=True``, newest wins, for a tier one process writes (the persister's local
+  tier; a pull, which puts the copy the user asked for in place). There the only second
+  writer of a step is that same process re-committing the state it just saved under a new
+  reason (an OOM or a signal snapshot at the step a periodic one already holds), and the
+  newest reason must be the one stored, since resume planning reads it. ``put`` replaces
+  the manifest atomically: a reader sees the old commit or the new one, both complete.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+from burst import killpoints
+from burst.errors import SnapshotError
+from burst.snapshot import format as fmt
+from burst.store.base import Store
+from burst.store.retry import DEFAULT_RETRY, RetryPolicy, retry
+
+WORKERS = 4  # blobs written at once
+Land = Callable[[str, int], None]  # writes one blob (digest, size) into the store
+OnBlob = Callable[[int, bool], None]  # (size, True if written / False if already there)
+
+
+def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str, int],
+           land: Land, *, overwrite: bool, points: str, policy: RetryPolicy = DEFAULT_RETRY,
+           on_blob: OnBlob | None = None) -> bool:
+    """Commit one snapshot (``blobs``: digest -> size) into ``dst``; see the module doc.
+
+    ``land`` writes one blob's bytes (retrying what it can; this checks what landed).
+    ``points`` prefixes the kill points (:mod:`burst.killpoints`). Returns False when
+    ``overwrite`` is off and the step was already there, True when this manifest is in.
+    """
+    key = fmt.manifest_key(run_id, step)
+    if not overwrite and retry(lambda: dst.size(key), policy) is not None:
+        return False
+    marker = fmt.marker_key(run_id, step)
+    retry(lambda: dst.put(marker, fmt.encode_marker(blobs)), policy)
+    killpoints.hit(f"{points}.marker-written")
+
+    def write(digest: str) -> None:
+        present = retry(lambda: dst.size(fmt.blob_key(run_id, digest)), policy) == blobs[digest]
+        if not present:
+            _land(dst, run_id, digest, blobs[digest], land, points, policy)
+        if on_blob is not None:
+            on_blob(blobs[digest], not present)
+
+    _each(write, sorted(blobs, key=blobs.__getitem__, reverse=True))
+    killpoints.hit(f"{points}.blobs-written")
+    if overwrite:
+        retry(lambda: dst.put(key, manifest), policy)
+        written = True
+    else:
+        written = retry(lambda: dst.put_if_absent(key, manifest), policy)
+    killpoints.hit(f"{points}.manifest-written")
+
+    def repair(digest: str) -> None:  # a GC raced us between the blob and the manifest
+        if retry(lambda: dst.size(fmt.blob_key(run_id, digest)), policy) != blobs[digest]:
+            _land(dst, run_id, digest, blobs[digest], land, points, policy)
+            if on_blob is not None:
+                on_blob(blobs[digest], True)
+
+    _each(repair, list(blobs))
+    retry(lambda: dst.delete(marker), policy)
+    killpoints.hit(f"{points}.marker-deleted")
+    return written
+
+
+def _land(dst: Store, run_id: str, digest: str, size: int, land: Land, points: str,
+          policy: RetryPolicy) -> None:
+    """Write one blob and check the size it landed with."""
+    killpoints.hit(f"{points}.blob")
+    land(digest, size)
+    landed = retry(lambda: dst.size(fmt.blob_key(run_id, digest)), policy)
+    if landed != size:
+        raise SnapshotError(f"blob {digest[:12]} landed in {dst.url} as {landed} bytes, "
+                            f"wrote {size}")
+
+
+def _each(fn: Callable[[str], None], items: list[str]) -> None:
+    """Run ``fn`` over ``items`` on a few threads; the first failure is raised."""
+    if len(items) <= 1:
+        for item in items:
+            fn(item)
+        return
+    with ThreadPoolExecutor(min(WORKERS, len(items)), thread_name_prefix="burst-commit") as pool:
+        for future in [pool.submit(fn, item) for item in items]:
+            future.result()

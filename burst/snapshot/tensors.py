@@ -1,0 +1,147 @@
+"""The torch side of the snapshot format: tensors into blobs, and verified blobs back.
+
+Only capturing (:mod:`burst.snapshot.tiers`) and restoring import this module, so every
+command that merely looks at or moves snapshots runs without importing torch. The layout
+rules (packing, alignment, the dtype sizes a manifest is checked against) are the format's,
+in :mod:`burst.snapshot.format`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from burst.errors import SnapshotError
+from burst.snapshot import format as fmt
+from burst.snapshot import reader
+from burst.store.base import Store
+
+# The format's dtypes this torch has (older ones lack the unsigned and float8 kinds).
+DTYPES: dict[str, torch.dtype] = {
+    name: getattr(torch, name)
+    for name in fmt.ITEMSIZES
+    if isinstance(getattr(torch, name, None), torch.dtype)
+}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def tensor_bytes(tensor: torch.Tensor) -> memoryview:
+    """The raw bytes of a contiguous CPU tensor, without copying."""
+    flat = tensor.detach().reshape(-1)
+    if flat.numel() == 0:
+        return memoryview(b"")
+    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+
+
+@dataclass
+class Blob:
+    """One blob to write: the tensors it holds and where each starts."""
+
+    names: list[str]
+    offsets: list[int]
+    size: int
+
+    def payload(self, tensors: dict[str, torch.Tensor]) -> memoryview:
+        """The blob's bytes; a single-tensor blob is the tensor's own memory, uncopied."""
+        if len(self.names) == 1 and self.offsets[0] == 0:
+            return tensor_bytes(tensors[self.names[0]])
+        out = bytearray(self.size)
+        for name, offset in zip(self.names, self.offsets, strict=True):
+            data = tensor_bytes(tensors[name])
+            out[offset : offset + len(data)] = data
+        return memoryview(out)
+
+
+def layout_blobs(tensors: dict[str, torch.Tensor]) -> list[Blob]:
+    """Group tensors into blobs: big ones alone, small ones packed in order."""
+    blobs: list[Blob] = []
+    pack = Blob([], [], 0)
+    for name, tensor in tensors.items():
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes >= fmt.PACK_THRESHOLD:
+            blobs.append(Blob([name], [0], nbytes))
+            continue
+        offset = _align(pack.size)
+        pack.names.append(name)
+        pack.offsets.append(offset)
+        pack.size = offset + nbytes
+        if pack.size >= fmt.PACK_LIMIT:
+            blobs.append(pack)
+            pack = Blob([], [], 0)
+    if pack.names:
+        blobs.append(pack)
+    return blobs
+
+
+def _align(n: int) -> int:
+    return (n + fmt.ALIGN - 1) // fmt.ALIGN * fmt.ALIGN
+
+
+def tensor_entry(tensor: torch.Tensor, digest: str, offset: int) -> dict[str, Any]:
+    return {
+        "blob": digest,
+        "dtype": dtype_name(tensor.dtype),
+        "shape": list(tensor.shape),
+        "offset": offset,
+        "nbytes": tensor.numel() * tensor.element_size(),
+    }
+
+
+def tensors_from_blob(
+    manifest: dict, digest: str, data: torch.Tensor, names: Iterable[str]
+) -> dict[str, torch.Tensor]:
+    """Views into a verified blob's bytes for the named tensors (checked by parse_manifest)."""
+    out = {}
+    for name in names:
+        entry = manifest["tensors"][name]
+        dtype = DTYPES[entry["dtype"]]
+        raw = data[entry["offset"] : entry["offset"] + entry["nbytes"]]
+        out[name] = raw.view(dtype).reshape(entry["shape"]) if entry["nbytes"] else torch.empty(
+            entry["shape"], dtype=dtype
+        )
+    return out
+
+
+def read_blob(store: Store, run_id: str, digest: str, size: int) -> torch.Tensor:
+    """One blob's bytes as a uint8 tensor, size- and hash-checked (:func:`reader.read_blob`)."""
+    data = reader.read_blob(store, run_id, digest, size, _allocate)
+    return torch.from_numpy(data)
+
+
+def _allocate(size: int) -> Any:
+    return torch.empty(size, dtype=torch.uint8).numpy()
+
+
+def load_tensors(store: Store, manifest: dict) -> dict[str, torch.Tensor]:
+    """Read and verify every blob of ``manifest``; return its tensors (views into the blobs)."""
+    _check_dtypes(manifest)
+    by_blob: dict[str, list[str]] = {}
+    for name, entry in manifest["tensors"].items():
+        by_blob.setdefault(entry["blob"], []).append(name)
+    run_id = manifest["run_id"]
+
+    def load(digest: str) -> dict[str, torch.Tensor]:
+        data = read_blob(store, run_id, digest, manifest["blobs"][digest]["size"])
+        return tensors_from_blob(manifest, digest, data, by_blob[digest])
+
+    tensors: dict[str, torch.Tensor] = {}
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        for part in pool.map(load, by_blob):
+            tensors.update(part)
+    return tensors
+
+
+def _check_dtypes(manifest: dict) -> None:
+    """Refuse, before reading a byte, a snapshot holding a dtype this torch does not have."""
+    missing = sorted({e["dtype"] for e in manifest["tensors"].values()} - DTYPES.keys())
+    if missing:
+        raise SnapshotError(f"snapshot {manifest['run_id']}@{manifest['step']} holds tensors of "
+                            f"dtype {', '.join(missing)}, which torch {torch.__version__} lacks "
+                            "(upgrade torch to restore it)")
