@@ -6,6 +6,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -74,3 +76,30 @@ def fresh_memory_buckets() -> None:
     """Every test starts with no ``memory://`` buckets: a name reused by two tests (or a
     test run twice) never sees what another one left there."""
     memory.reset()
+
+
+@dataclass(frozen=True)
+class Reference:
+    """An uninterrupted run of the example program: what a resumed run must equal."""
+
+    workdir: Path
+    records: list[dict]  # per optimizer step: indices, loss...
+    final: dict  # the final model and optimizer state
+
+
+@pytest.fixture(scope="session")
+def uninterrupted(tmp_path_factory) -> Callable[..., Reference]:
+    """``uninterrupted(*example_args)``: the uninterrupted run for those arguments, trained
+    once per session and shared by every test that compares against it."""
+    cache: dict[tuple[str, ...], Reference] = {}
+
+    def reference(*args: str) -> Reference:
+        if args not in cache:
+            workdir = tmp_path_factory.mktemp("reference")
+            done = run_example(workdir, "reference", *args)
+            assert done.returncode == 0, done.stderr
+            cache[args] = Reference(workdir, step_records(workdir / "reference.jsonl"),
+                                    final_state(workdir, "reference"))
+        return cache[args]
+
+    return reference

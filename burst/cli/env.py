@@ -16,52 +16,12 @@ from rich.console import Console
 from rich.table import Table
 
 from burst.cli.options import json_option, store_option
+from burst.cli.wheels import describe_wheels, wheel_target, wheels_options
 from burst.env import check as envcheck
 from burst.env import codearchive, freeze, lockfile, wheelhouse
 from burst.env import install as envinstall
 from burst.errors import BurstError, ConfigError
-from burst.snapshot.catalog import human_bytes
-from burst.store import Store, is_local, open_store
-
-WHEELS_HELP = ("Store the lockfile's wheels for the node: all (torch too: a node needs no "
-               "index, but a CUDA torch and its libraries add 3-4 GB to the store, uploaded "
-               "once per store), no-torch (torch comes from a mirror on the node: "
-               "$BURST_TORCH_INDEX), none. Default: $BURST_WHEELS or all for a remote store, "
-               "none for a local one.")
-
-
-def wheels_options(fn: Any) -> Any:
-    """``--wheels``, ``--wheels-machine`` and ``--torch-variant``: which wheelhouse to store."""
-    fn = click.option("--torch-variant", default=None,
-                      help="torch build to store (cpu, cu128, ...; default: the recorded "
-                           "CUDA build, else the one a Hopper card needs).")(fn)
-    fn = click.option("--wheels-machine", type=click.Choice(list(wheelhouse.MACHINES)),
-                      default=None, help="The node's CPU (default: x86_64).")(fn)
-    return click.option("--wheels", "wheels", type=click.Choice(list(wheelhouse.POLICIES)),
-                        default=None, help=WHEELS_HELP)(fn)
-
-
-def wheel_target(store: Store, lock: lockfile.Lockfile, policy: str | None,
-                 machine: str | None, torch_variant: str | None) -> wheelhouse.Target | None:
-    """The wheelhouse to build for ``store``, or None for none."""
-    if policy is None:
-        policy = "none" if is_local(store) else wheelhouse.default_policy()
-    if policy == "none":
-        return None
-    return wheelhouse.target_for(lock, machine=machine, policy=policy,
-                                 torch_variant=torch_variant)
-
-
-def describe_wheels(uploaded: wheelhouse.Uploaded | None) -> str:
-    if uploaded is None:
-        return "wheelhouse   already stored (or off)"
-    info = wheelhouse.summary(uploaded.index)
-    line = (f"wheelhouse   {info['wheels']} wheels, {human_bytes(info['bytes'])}; "
-            f"{uploaded.wheels_sent} uploaded ({human_bytes(uploaded.bytes_sent)}), "
-            f"{uploaded.wheels_present} already stored")
-    for m in info["missing"]:
-        line += f"\n  missing {m['name']} {m['version']}: {m['why']}"
-    return line
+from burst.store import Store, open_store
 
 _COLORS = {envcheck.ERROR: "red", envcheck.WARNING: "yellow", envcheck.NOTE: "dim"}
 

@@ -88,7 +88,8 @@ def run_command(**options: object) -> None:
 
 @click.command("drill", context_settings={"ignore_unknown_options": True})
 @click.option("--fault", required=True,
-              help="KIND@STEP[:MICRO]: oom, oom-optimizer, sticky, kill or term at that step.")
+              help="KIND@STEP[:MICRO][/RANK]: oom, oom-optimizer, sticky, kill or term at that "
+                   "step (on one rank only with /RANK).")
 @json_option
 @supervision_options
 def drill(fault: str, as_json: bool, **options: object) -> None:

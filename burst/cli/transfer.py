@@ -6,9 +6,9 @@ import json
 
 import click
 
-from burst.cli.env import describe_wheels, wheel_target, wheels_options
 from burst.cli.options import json_option, local_option, store_settings
 from burst.cli.progress import transfer_bar
+from burst.cli.wheels import describe_wheels, wheel_target, wheels_options
 from burst.env import freeze, wheelhouse
 from burst.env.lockfile import LockfileError
 from burst.snapshot import sync

@@ -15,6 +15,13 @@ editable/local packages from their source (never from an index), sdist-only pins
 they build. torch follows the card's build (:mod:`burst.env.torchvariant`); the ``policy``
 decides whether its multi-GB wheels go into the store at all. Downloads are kept in
 ``~/.cache/burst/wheels`` (``$BURST_WHEEL_CACHE``), so freezing again downloads nothing.
+
+Where pip cannot fetch a pin (no index reachable: found out once, by one probe or the first
+failed batch, never pin by pin; or the pin is not on it), the distribution installed in the
+environment being frozen is repacked into a wheel when its ``WHEEL`` tags run on the node
+(a macOS or Windows build does not: it is listed missing). The index marks those wheels
+``"repacked": true``. A resumed run that freezes its node's environment again reuses an
+index whose wheels cover its pins instead of building one.
 """
 
 from __future__ import annotations
@@ -207,7 +214,6 @@ class Wheelhouse:
     target: Target
     wheels: list[Wheel] = field(default_factory=list)
     missing: list[dict[str, str]] = field(default_factory=list)
-    repacked: set[str] = field(default_factory=set)  # names repacked from installed files
 
     def index(self) -> dict[str, Any]:
         wheels = sorted(self.wheels, key=lambda w: (w.name, w.file))
@@ -337,20 +343,19 @@ def build(lock: Lockfile, target: Target, *, cache: Path | None = None,
     offline = _offline(say) if downloads else None
     failed = downloads if offline else _download(downloads, target, lock, root, found, extra,
                                                  torch_index, say)
-    offline = offline or next((p.source for p in failed if _unreachable(p.source)), None)
+    offline = offline or next((str(p.source) for p in failed if _unreachable(p.source)), None)
     repacked = _repack_installed(failed, target, root, paths, say)
-    house.repacked = set(repacked)
     found.update({name: path for name, (path, _) in repacked.items() if path is not None})
     for pin in [p for p in todo if p.how != "download"] + failed:
         if pin.name in found:
             continue
         unfit = repacked.get(pin.name, (None, ""))[1]
         if pin.role == "torch" or (offline and pin.how == "download"):
-            why = unfit or (f"package index unreachable ({offline})" if offline
+            why = unfit or (_as_unreachable(offline) if offline
                             else f"no wheel for the node: {pin.source}")
             house.missing.append({"name": pin.name, "version": pin.version, "why": why})
             continue  # torch is never built from source (hours); offline no sdist comes
-        path, why = _build_one(pin, root, accepted, say)
+        path, why = _build_one(pin, root, accepted, say, isolated=not offline)
         if path is not None:
             found[pin.name] = path
         else:
@@ -358,9 +363,8 @@ def build(lock: Lockfile, target: Target, *, cache: Path | None = None,
     roles = {p.name: p.role for p in pins}
     for name, path in [*extra.items(), *found.items()]:
         house.wheels.append(_wheel(path, roles.get(name, "torch"),
-                                   repacked=name in house.repacked))
+                                   repacked=repacked.get(name, (None, ""))[0] == path))
     house.wheels = list({w.file: w for w in house.wheels}.values())
-    house.repacked = {w.name for w in house.wheels if w.repacked}
     return house
 
 
@@ -576,17 +580,18 @@ def _last_line(output: str) -> str:
     return (errors[0] if errors else lines[-1] if lines else "pip failed")[:300]
 
 
-def _build_one(pin: Pin, root: Path, accepted: frozenset, say: Say
-               ) -> tuple[Path | None, str]:
-    """Build one wheel here: burst's own, a local project, a URL, or an sdist-only pin."""
+def _build_one(pin: Pin, root: Path, accepted: frozenset, say: Say, *,
+               isolated: bool = True) -> tuple[Path | None, str]:
+    """Build one wheel here: burst's own, a local project, a URL, or an sdist-only pin
+    (``isolated``: try build isolation first; pointless with no index)."""
     try:
         if pin.how == "burst":
-            path = _burst_wheel(root, say)
+            path = _burst_wheel(root, say, isolated)
         elif pin.how == "build":
-            path = _pip_wheel(pin.requirement, root, say)
+            path = _pip_wheel(pin.requirement, root, say, isolated)
         else:  # pip found no wheel for the node: maybe an sdist it can build
             say(f"{pin.name} {pin.version}: no wheel for the node, building it from source")
-            path = _pip_wheel(pin.requirement, root, say)
+            path = _pip_wheel(pin.requirement, root, say, isolated)
     except WheelhouseError as error:
         why = str(error)
         if pin.how == "download":
@@ -601,13 +606,13 @@ def _build_one(pin: Pin, root: Path, accepted: frozenset, say: Say
 _EPOCH = "315532800"  # 1980-01-01: built wheels get fixed timestamps, so equal code hashes equal
 
 
-def _pip_wheel(requirement: str, root: Path, say: Say) -> Path:
+def _pip_wheel(requirement: str, root: Path, say: Say, isolated: bool = True) -> Path:
     """``pip wheel --no-deps``; without build isolation as a second try (a machine that
     cannot reach an index may still have the build backend installed)."""
     out = root / "built"
     out.mkdir(parents=True, exist_ok=True)
     errors = []
-    for isolation in ([], ["--no-build-isolation"]):
+    for isolation in ([], ["--no-build-isolation"])[0 if isolated else 1:]:
         with tempfile.TemporaryDirectory(prefix="wheel-", dir=root) as tmp:
             command = [*_pip_command(), "wheel", "--no-deps", "--wheel-dir", tmp,
                        *isolation, requirement]
@@ -631,7 +636,7 @@ def _keep(path: Path, out: Path) -> Path:
     return dest
 
 
-def _burst_wheel(root: Path, say: Say) -> Path:
+def _burst_wheel(root: Path, say: Say, isolated: bool = True) -> Path:
     """burst's own wheel, from the code running now: rebuilt from its source tree when it
     is an editable/source install, repacked from its installed files otherwise."""
     import burst
@@ -646,7 +651,7 @@ def _burst_wheel(root: Path, say: Say) -> Path:
             for extra in ("pyproject.toml", "README.md", "LICENSE", "setup.cfg", "setup.py"):
                 if (project / extra).exists():
                     shutil.copy2(project / extra, copy / extra)
-            return _pip_wheel(str(copy), root, say)
+            return _pip_wheel(str(copy), root, say, isolated)
     return _repack(metadata.distribution(BURST_DIST), root)
 
 
@@ -670,6 +675,10 @@ def _connection_line(output: str) -> str | None:
 
 def _unreachable(text: str | None) -> bool:
     return bool(text and text.startswith("package index unreachable"))
+
+
+def _as_unreachable(why: str) -> str:
+    return why if _unreachable(why) else f"package index unreachable: {why}"
 
 
 def _offline(say: Say) -> str | None:
@@ -736,9 +745,11 @@ def _repack_installed(pins: list[Pin], target: Target, root: Path, paths: list[s
         except WheelhouseError as error:
             return None, str(error)
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        done = dict(zip(jobs, pool.map(one, jobs.values()), strict=True))
-    return done
+    try:
+        with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
+            return dict(zip(jobs, pool.map(one, jobs.values()), strict=True))
+    except RuntimeError:  # a freeze finishing while the interpreter exits: one at a time
+        return {name: one(dist) for name, dist in jobs.items()}
 
 
 def _installed_dists(paths: list[str] | None) -> dict[str, metadata.Distribution]:
@@ -969,8 +980,45 @@ def ensure(store: Store, run_id: str, lock: Lockfile, target: Target, *,
             store.size(wheel_key(w["sha256"], w["file"])) is not None
             for w in existing.get("wheels", [])):
         return None  # an index copied without its wheels (a pushed local tier) is rebuilt
+    reused = _reuse(store, run_id, lock, target)
+    if reused is not None:  # the same pins under another lockfile (a resumed node's)
+        store.put(index_key(run_id, lock.digest), _dumps(reused))
+        return Uploaded(wheels_present=len(reused["wheels"]),
+                        index_key=index_key(run_id, lock.digest), index=reused)
     house = build(lock, target, cache=cache, torch_index=torch_index, say=say, paths=paths)
     return upload(store, run_id, lock.digest, house)
+
+
+def _reuse(store: Store, run_id: str, lock: Lockfile, target: Target) -> dict[str, Any] | None:
+    """The index of another lockfile of this run that pins exactly the same distributions,
+    for the same Python, machine and policy, with every wheel in the store.
+
+    A resumed run freezes its node's environment again: its lockfile differs (another patch
+    release of Python, another host) but its pins do not, and the node must not rebuild,
+    repack or upload what the store has. The index keeps its torch build: the one chosen
+    for the run where it was frozen, not the node's default guess."""
+    if any(not p.installable and p.name != BURST_DIST for p in lock.packages):
+        return None  # local code may have changed under the same version: build it again
+    pins = sorted((p.name, p.version) for p in lock.packages)
+    same = {k: v for k, v in target.to_json().items() if k != "torch_variant"}
+    prefix = f"{run_id}/env/wheelhouse-"
+    for key in reversed(store.list(prefix)):
+        digest = key[len(prefix):-len(".json")]
+        if digest == lock.digest:
+            continue
+        try:
+            index = load_index(store, run_id, digest)
+            other = lockfile.load(store, run_id, digest)
+        except (BurstError, KeyError):
+            continue
+        if index is None or sorted((p.name, p.version) for p in other.packages) != pins:
+            continue
+        if {k: v for k, v in index.get("target", {}).items() if k != "torch_variant"} != same:
+            continue
+        if all(store.size(wheel_key(w["sha256"], w["file"])) is not None
+               for w in index.get("wheels", [])):
+            return index
+    return None
 
 
 def load_index(store: Store, run_id: str, digest: str) -> dict[str, Any] | None:

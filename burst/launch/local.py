@@ -34,7 +34,7 @@ from typing import IO
 from burst.errors import BurstError, ConfigError
 from burst.launch import LaunchResult, Reporter, sealed
 from burst.launch.task import RenderedTask
-from burst.parallel.group import PORT_ENV
+from burst.parallel.launching import PORT_ENV
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 

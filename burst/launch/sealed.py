@@ -348,3 +348,83 @@ def popen(node: Node, script: str, env: Mapping[str, str], network: Loopback | N
     return subprocess.Popen(command(node, script, network), env=dict(env), **kwargs)
 
 
+
+
+class Inbound:
+    """``ports`` of this machine's 127.0.0.1 relayed *into* a sealed network namespace (the
+    reverse of :class:`Loopback`): a service that runs in the sealed network (a test's SSH
+    server standing in for a rented box) is reached from here as on the same port there,
+    while the namespace itself still reaches nothing but what its :class:`Loopback` relays.
+
+    ``namespace`` is a path ``setns`` opens (:attr:`Loopback.path`). Each connection is
+    dialled from a thread that has entered the namespace first: a socket belongs to the
+    namespace its creating thread was in."""
+
+    def __init__(self, namespace: str, ports: Iterable[int]) -> None:
+        self.namespace = namespace
+        self.ports = tuple(sorted(set(ports)))
+        self._fd: int | None = None
+        self._listeners: list[socket.socket] = []
+
+    def __enter__(self) -> Inbound:
+        self._fd = os.open(self.namespace, os.O_RDONLY)
+        try:
+            for port in self.ports:
+                listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                self._listeners.append(listener)
+                listener.bind(("127.0.0.1", port))
+                listener.listen(64)
+        except OSError as exc:
+            self.close()
+            raise SealError(f"cannot relay 127.0.0.1 ports {self.ports} into the node: "
+                            f"{exc}") from None
+        for listener in self._listeners:
+            threading.Thread(target=self._accept, args=(listener,), daemon=True,
+                             name="burst-seal-inbound").start()
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for listener in self._listeners:
+            with suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
+            listener.close()
+        self._listeners = []
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def _accept(self, listener: socket.socket) -> None:
+        port = listener.getsockname()[1]
+        fd = self._fd
+        while True:
+            try:
+                outside, _ = listener.accept()
+            except OSError:
+                return  # closed
+            threading.Thread(target=_relay_in, args=(outside, fd, port), daemon=True,
+                             name="burst-seal-inbound-conn").start()
+
+
+def _relay_in(outside: socket.socket, namespace_fd: int | None, port: int) -> None:
+    """One connection from here to ``127.0.0.1:port`` in the namespace ``namespace_fd``:
+    this thread enters the namespace (for good: it ends with the connection), dials, and
+    copies bytes both ways until both ends close."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if namespace_fd is None or libc.setns(namespace_fd, CLONE_NEWNET) != 0:
+            raise OSError(ctypes.get_errno(), "setns into the node's network failed")
+        inside = socket.create_connection(("127.0.0.1", port), timeout=30)
+    except OSError:
+        outside.close()
+        return
+    inside.settimeout(None)
+    back = threading.Thread(target=_pump, args=(inside, outside), daemon=True)
+    back.start()
+    _pump(outside, inside)
+    back.join()
+    inside.close()
+    outside.close()

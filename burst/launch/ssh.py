@@ -39,7 +39,7 @@ import paramiko
 from burst.errors import BurstError, ConfigError
 from burst.launch import LaunchResult, Reporter
 from burst.launch.task import RenderedTask
-from burst.parallel.group import one_box_env
+from burst.parallel.launching import one_box_env
 
 RECONNECT_SECONDS = 300.0  # how long to keep re-trying a dropped connection
 POLL_SECONDS = 0.5

@@ -43,6 +43,11 @@ from burst.plan.planner import Plan
 from burst.training.failure import EXIT_GPU_FAILURE, EXIT_OOM
 
 TEMPLATES_ENV = "BURST_TEMPLATES"
+# The store's private CA certificate (PEM text: public, not a secret). The task carries
+# the text, the node writes it to a file and points BURST_CA_BUNDLE there: a path of the
+# launching machine would mean nothing on the node.
+CA_BUNDLE_ENV = "BURST_CA_BUNDLE_PEM"
+CA_BUNDLE_LIMIT = 64 * 1024  # a private CA is a few KiB; a whole system bundle is not
 SINGLE, MULTI = "task.yaml.j2", "task-multinode.yaml.j2"
 RECOVER_ON = (EXIT_OOM, EXIT_GPU_FAILURE)
 DEFAULT_MAX_RESTARTS = 3
@@ -178,13 +183,14 @@ def render(spec: TaskSpec) -> RenderedTask:
     # several processes (nodes, or GPUs on one node) start under torchrun
     several = spec.num_nodes > 1 or any(p.target.count > 1 for p in spec.candidates)
     template = MULTI if several else SINGLE
-    from burst.parallel import group as distributed
+    from burst.parallel import launching as distributed
 
     text = _environment().get_template(template).render(
         run_id=spec.run_id, step=spec.step, reason=spec.reason, name=spec.name,
         num_nodes=spec.num_nodes, job_recovery=job_recovery(spec),
         candidates=[resource_entry(p) for p in spec.candidates],
         envs=dict(spec.envs), secrets=list(spec.secret_names),
+        ca_bundle=CA_BUNDLE_ENV in spec.envs,
         bootstrap=bootstrap_source() if spec.software.python is None else None,
         workdir=_workdir(spec.workdir), burst=spec.software.burst, setup_args=spec.software.node_flags,
         run_args=spec.software.node_flags, entry_point=shlex.join(spec.entry_point),

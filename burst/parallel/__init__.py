@@ -16,15 +16,19 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-_PUBLIC = ("accumulate", "init_from_env", "torchrun_command", "torchrun_shell")
-
 if TYPE_CHECKING:
-    from burst.parallel.group import accumulate, init_from_env, torchrun_command, torchrun_shell
+    from burst.parallel.group import accumulate, init_from_env
+    from burst.parallel.launching import torchrun_command, torchrun_shell
+
+
+_HOMES = {"accumulate": "burst.parallel.group", "init_from_env": "burst.parallel.group",
+          "torchrun_command": "burst.parallel.launching",
+          "torchrun_shell": "burst.parallel.launching"}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _PUBLIC:
-        return getattr(importlib.import_module("burst.parallel.group"), name)
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'burst.parallel' has no attribute {name!r}")
 
 

@@ -569,8 +569,10 @@ def install(venv: str, has_pip: bool, wheels: list, dest: str, environ: dict,
                                  "wheelhouse holds no pip wheel to run instead")
         pip = [python, os.path.join(dest, tool[0]["file"], "pip")]
         targets.append("pip")  # the venv keeps a pip of its own for burst node setup
+    # --no-compile: byte-compiling every module of torch and the rest takes longer than
+    # the install itself on a small node; Python compiles what the run imports, once
     base = [*pip, "install", "--disable-pip-version-check", "--no-input", "--quiet",
-            "--find-links", dest]
+            "--no-compile", "--find-links", dest]
     env = dict(environ)
     env.pop("PIP_REQUIRE_VIRTUALENV", None)
     done = subprocess.run([*base, "--no-index", *targets], env=env, check=False)

@@ -37,7 +37,14 @@ from burst.env import wheelhouse as wheels
 from burst.env.lockfile import Lockfile, LockfileError
 from burst.errors import BurstError, ConfigError, SnapshotError
 from burst.launch import Launcher, LaunchResult, Reporter
-from burst.launch.task import NodeSoftware, RenderedTask, TaskSpec, render
+from burst.launch.task import (
+    CA_BUNDLE_ENV,
+    CA_BUNDLE_LIMIT,
+    NodeSoftware,
+    RenderedTask,
+    TaskSpec,
+    render,
+)
 from burst.plan import planner
 from burst.plan.replan import Replan, replan
 from burst.resume import entrypoint, mirrors
@@ -52,7 +59,9 @@ SECRET_NAMES = {
     "oss": ("OSS_ACCESS_KEY_ID", "OSS_ACCESS_KEY_SECRET", "OSS_SESSION_TOKEN"),
 }
 PER_TIER = 16  # candidates kept per tier: SkyPilot tries each in turn, on failure
-LOCAL_ONLY_SETTINGS = ("profile",)  # names a file on this machine; the node gets the values
+# Settings that name a file on this machine: a node has no such path, so they never go
+# into the task (the profile's values travel as secrets; the node brings its own files).
+LOCAL_ONLY_SETTINGS = ("profile", "ca_bundle", "ssh_config", "known_hosts", "identity_file")
 
 
 @dataclass
@@ -345,7 +354,23 @@ def task_envs(request: Request, lock: Lockfile | None = None) -> dict[str, str]:
     for name, value in options.items():
         if name not in LOCAL_ONLY_SETTINGS and value is not None:
             envs[OPTIONS[name]] = str(value)
+    pem = _ca_certificate(options.get("ca_bundle"))
+    if pem is not None:
+        envs[CA_BUNDLE_ENV] = pem
     return envs
+
+
+def _ca_certificate(path: str | None) -> str | None:
+    """The store's CA bundle as text for the task, when it is a small PEM file."""
+    if not path:
+        return None
+    try:
+        data = Path(path).expanduser().read_bytes()
+    except OSError as exc:
+        raise ConfigError(f"the store's ca_bundle {path}: {exc.strerror or exc}") from None
+    if len(data) > CA_BUNDLE_LIMIT or b"-----BEGIN CERTIFICATE-----" not in data:
+        return None  # not carried: secret_values() warns that the node needs its own
+    return data.decode("ascii", errors="replace")
 
 
 def secret_values(request: Request) -> tuple[dict[str, str], list[str]]:
@@ -363,6 +388,11 @@ def secret_values(request: Request) -> tuple[dict[str, str], list[str]]:
     if scheme in ("gs", "sftp") and request.remote_node:
         warnings.append(f"{scheme}:// credentials are files; the node needs its own "
                         "(burst never copies key files)")
+    for name in LOCAL_ONLY_SETTINGS[1:]:
+        carried = name == "ca_bundle" and _ca_certificate(options.get(name)) is not None
+        if options.get(name) and request.remote_node and not carried:
+            warnings.append(f"the store's {name} names a file on this machine, which the node "
+                            f"does not have: give the node its own ({OPTIONS[name]})")
     for name in request.secrets:
         if not os.environ.get(name):
             raise ConfigError(f"--secret {name}: ${name} is not set here")

@@ -25,12 +25,11 @@ import contextlib
 import json
 import os
 import signal
+import sys
 import tempfile
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
-
-import torch
 
 EXIT_OOM = 86
 EXIT_GPU_FAILURE = 87
@@ -55,8 +54,12 @@ STICKY_PATTERNS = (
 
 
 def classify(exc: BaseException) -> str | None:
-    """``"oom"``, ``"gpu-failure"`` or None (an ordinary error) for an exception."""
-    if isinstance(exc, torch.cuda.OutOfMemoryError):
+    """``"oom"``, ``"gpu-failure"`` or None (an ordinary error) for an exception.
+
+    torch is looked up, not imported: an exception raised by torch means torch is loaded,
+    and supervisors that only read exit codes and records never pay for importing it."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError):
         return "oom"
     if isinstance(exc, RuntimeError):
         message = str(exc).lower()

@@ -170,6 +170,14 @@ def test_a_command_that_only_reads_or_moves_snapshots_never_imports_torch(name, 
     assert "torch" not in ran.loaded, f"burst {name} imported {ran.why('torch')}"
 
 
+@pytest.mark.parametrize("name", ["run", "drill", "resume", "node"])
+def test_the_help_of_a_command_that_launches_training_elsewhere_never_imports_torch(
+        name, tmp_path):
+    ran = burst([name, "--help"], tmp_path)
+    assert ran.done.returncode == 0, ran.error
+    assert "torch" not in ran.loaded, f"burst {name} --help imported {ran.why('torch')}"
+
+
 @pytest.mark.parametrize("name", list(STORE_COMMANDS))
 def test_a_command_on_a_local_store_imports_no_remote_store_sdk_or_chart_library(
         name, stores, tmp_path):

@@ -14,8 +14,8 @@ import torch
 import burst
 from burst.errors import ConfigError
 from burst.parallel import sharded as dcp
-from burst.parallel.group import (
-    Group,
+from burst.parallel.group import Group
+from burst.parallel.launching import (
     launch_from_env,
     one_box_env,
     torchrun_command,

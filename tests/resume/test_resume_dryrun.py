@@ -319,3 +319,35 @@ def test_mirrors_travel_as_envs_and_credentialed_ones_as_secret_names(s3_run, mo
     assert config["envs"]["BURST_INDEX_URL"] == mirror
     assert "BURST_EXTRA_INDEX_URL" not in config["envs"]
     assert config["secrets"]["BURST_EXTRA_INDEX_URL"] is None
+
+
+def test_a_store_ca_certificate_travels_as_text_never_as_a_local_path(monkeypatch, tmp_path):
+    from burst.launch.task import CA_BUNDLE_ENV
+    from burst.resume.handoff import Request, secret_values, task_envs
+
+    bundle = tmp_path / "corp-ca.pem"
+    pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n"
+    bundle.write_text(pem)
+    monkeypatch.setenv("BURST_CA_BUNDLE", str(bundle))
+    monkeypatch.setenv("BURST_ENDPOINT_URL", "https://s3.example.internal")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "secret")
+    request = Request("r", "s3://bucket/runs", str(tmp_path / "local"))
+    envs = task_envs(request)
+    assert "BURST_CA_BUNDLE" not in envs
+    assert envs[CA_BUNDLE_ENV] == pem
+    assert str(tmp_path) not in " ".join(envs.values())
+    assert not [w for w in secret_values(request)[1] if "ca_bundle" in w]
+
+
+def test_a_store_setting_naming_a_local_key_file_stays_off_the_task_with_a_warning(
+        monkeypatch, tmp_path):
+    from burst.resume.handoff import Request, secret_values, task_envs
+
+    key = tmp_path / "id_ed25519"
+    key.write_text("not a real key")
+    monkeypatch.setenv("BURST_SSH_IDENTITY", str(key))
+    request = Request("r", "sftp://me@box.example/runs", str(tmp_path / "local"))
+    assert str(tmp_path) not in " ".join(task_envs(request).values())
+    assert any("identity_file" in w and "BURST_SSH_IDENTITY" in w
+               for w in secret_values(request)[1])

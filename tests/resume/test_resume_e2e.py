@@ -24,7 +24,7 @@ import pytest
 
 from burst import events
 from burst.store import open_store
-from tests.conftest import EXAMPLE, assert_same, run_example, step_records
+from tests.conftest import EXAMPLE, assert_same, step_records
 from tests.store_servers import aws_env
 
 pytestmark = pytest.mark.e2e
@@ -33,14 +33,9 @@ PY = sys.executable
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> tuple[list[dict], dict]:
-    workdir = tmp_path_factory.mktemp("reference")
-    done = run_example(workdir, "reference", *ARGS)
-    assert done.returncode == 0, done.stderr
-    import torch
-
-    return step_records(workdir / "reference.jsonl"), torch.load(workdir / "reference.pt",
-                                                                 weights_only=True)
+def reference(uninterrupted) -> tuple[list[dict], dict]:
+    run = uninterrupted(*ARGS)
+    return run.records, run.final
 
 
 @pytest.fixture

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, assert_same, step_records
-from tests.store_servers import ACCESS_KEY, SECRET_KEY
+from tests.store_servers import ACCESS_KEY, SECRET_KEY, free_port
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.geteuid() != 0, reason="a sealed node needs root")]
@@ -109,10 +109,16 @@ def make_project(root: Path) -> Path:
     return root
 
 
-def environment(endpoint: str, nodes: Path) -> dict[str, str]:
+def environment(endpoint: str, nodes: Path, cache: Path) -> dict[str, str]:
     """This machine's environment for the test's commands: the store's settings and
-    credentials, a CPU node, and a node that must be sealed."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "BURST_"))}
+    credentials, a CPU node, a node that must be sealed, and pip with no index at all (no
+    configuration, a dead loopback index, ``no-index``): the wheelhouse is repacked from
+    this venv, never fetched, into ``cache``."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("AWS_", "BURST_", "PIP_", "UV_"))}
+    env.update({"PIP_CONFIG_FILE": os.devnull, "PIP_NO_INDEX": "1", "PIP_RETRIES": "0",
+                "PIP_INDEX_URL": f"http://127.0.0.1:{free_port()}/simple",
+                "BURST_WHEEL_CACHE": str(cache)})
     env.update({"AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                 "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
                 "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "BURST_CONFIG": os.devnull,
@@ -150,7 +156,10 @@ def resumed(tmp_path_factory, moto_s3) -> dict:
     """Train until SIGKILL in step 5, then ``burst resume --to local`` into a sealed node."""
     base = tmp_path_factory.mktemp("sealed")
     project, nodes = make_project(base / "project"), base / "nodes"
-    env = environment(moto_s3.endpoint, nodes)
+    # a fresh wheel cache: every wheel is repacked (BURST_TEST_WHEEL_CACHE keeps one
+    # between local runs)
+    cache = Path(os.environ.get("BURST_TEST_WHEEL_CACHE") or base / "wheel-cache")
+    env = environment(moto_s3.endpoint, nodes, cache)
     url = moto_s3.url(RUN)
     killed = subprocess.run([PY, "train.py", "--run-id", RUN, "--store", url, *ARGS],
                             cwd=project, capture_output=True, text=True, timeout=300,
@@ -163,7 +172,10 @@ def resumed(tmp_path_factory, moto_s3) -> dict:
                           cwd=project, capture_output=True, text=True, timeout=1800,
                           check=False, env=env)
     setup = [line for line in done.stderr.splitlines() if "stub: setup on" in line]
-    print("\n".join(setup))  # the node's setup time (pytest -s shows it)
+    wheels = list(nodes.glob("*/node0/home/burst-node/wheelhouse/*.whl"))
+    setup.append(f"wheelhouse: {len(wheels)} wheels, "
+                 f"{sum(w.stat().st_size for w in wheels) / 1e6:.0f} MB")
+    print("\n".join(setup))  # the node's setup time and wheelhouse (pytest -s shows them)
     return {"done": done, "project": project, "nodes": nodes}
 
 

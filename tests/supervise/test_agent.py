@@ -18,18 +18,15 @@ import pytest
 from burst import events
 from burst.snapshot import reader as snapshot
 from burst.store import LocalStore
-from tests.conftest import EXAMPLE, assert_same, final_state, run_example, step_records
+from tests.conftest import EXAMPLE, assert_same, final_state, step_records
 
 pytestmark = pytest.mark.e2e
 
 
 @pytest.fixture(scope="module")
-def reference(tmp_path_factory):
+def reference(uninterrupted):
     """One uninterrupted run, shared by every case."""
-    workdir = tmp_path_factory.mktemp("reference")
-    done = run_example(workdir, "reference", "--shadow-every", "3")
-    assert done.returncode == 0, done.stderr
-    return workdir
+    return uninterrupted("--shadow-every", "3").workdir
 
 
 def drill(tmp_path, fault: str, *policy: str, example_args: tuple[str, ...] = ()) -> tuple[dict, subprocess.CompletedProcess]:

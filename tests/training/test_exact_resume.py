@@ -29,10 +29,9 @@ CASES = {
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_killed_and_restarted_run_matches_uninterrupted_run(tmp_path, case):
+def test_killed_and_restarted_run_matches_uninterrupted_run(tmp_path, case, uninterrupted):
     extra, kill_at, resume_step = CASES[case]
-    reference = run_example(tmp_path, "reference", *extra)
-    assert reference.returncode == 0, reference.stderr
+    reference = uninterrupted(*extra)
 
     killed = run_example(tmp_path, "crashy", *extra, "--kill-at", kill_at)
     assert killed.returncode == -signal.SIGKILL, killed.stderr
@@ -40,10 +39,10 @@ def test_killed_and_restarted_run_matches_uninterrupted_run(tmp_path, case):
     assert resumed.returncode == 0, resumed.stderr
     assert f"resumed at step {resume_step}" in resumed.stdout
 
-    expected, actual = step_records(tmp_path / "reference.jsonl"), step_records(tmp_path / "crashy.jsonl")
+    expected, actual = reference.records, step_records(tmp_path / "crashy.jsonl")
     assert [r["indices"] for r in actual] == [r["indices"] for r in expected]
     assert [r["loss"] for r in actual] == [r["loss"] for r in expected]
-    assert_same(final_state(tmp_path, "crashy"), final_state(tmp_path, "reference"))
+    assert_same(final_state(tmp_path, "crashy"), reference.final)
 
 
 def test_every_sample_is_consumed_once_per_epoch_across_a_crash(tmp_path):
