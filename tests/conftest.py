@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "scripts" / "example_train.py"
 
 # Session fixtures for the store tests: real S3 servers and OpenSSH on 127.0.0.1.
-pytest_plugins = ["tests.store_servers"]
+pytest_plugins = ["tests.store_servers", "tests.sealed_project"]
 # No wheelhouse unless a test asks for one: building it downloads from package indexes.
 os.environ.setdefault("BURST_WHEELS", "none")
 

@@ -36,7 +36,6 @@ SSHD = "/usr/sbin/sshd"
 USER = "root"
 #: Capabilities a login must not have, but sshd's privilege separation needs CAP_SYS_CHROOT
 #: (its pre-auth child chroots into /run/sshd).
-SSHD_DROPPED_CAPS = ",".join(c for c in sealed.DROPPED_CAPS.split(",") if c != "-sys_chroot")
 #: What every login sees (sshd's ``SetEnv``): no package index, quickly.
 LOGIN_ENV = {"PIP_INDEX_URL": sealed.DEAD_INDEX, "UV_INDEX_URL": sealed.DEAD_INDEX,
              "UV_DEFAULT_INDEX": sealed.DEAD_INDEX, "PIP_DEFAULT_TIMEOUT": "5",
@@ -95,9 +94,7 @@ def _command(node: sealed.Node, config: Path, network: sealed.Loopback) -> list[
     (every other capability the task must not have is still dropped)."""
     script = (f"mkdir -p -m 0755 /run/sshd && mkdir -p -m 0700 /root && "
               f"exec {SSHD} -D -e -f {shlex.quote(str(config))}")
-    argv = sealed.command(node, script, network)
-    return [a.replace(f"--bounding-set={sealed.DROPPED_CAPS}",
-                      f"--bounding-set={SSHD_DROPPED_CAPS}") for a in argv]
+    return sealed.command(node, script, network, keep_caps=("sys_chroot",))
 
 
 def _banner(port: int) -> bool:

@@ -100,16 +100,21 @@ def environment(base: Mapping[str, str], home: Path) -> dict[str, str]:
     return env
 
 
-def command(node: Node, script: str, network: Loopback | None = None) -> list[str]:
-    """The argv that runs ``bash -c script`` in the sealed ``node`` (and its network)."""
+def command(node: Node, script: str, network: Loopback | None = None,
+            keep_caps: tuple[str, ...] = ()) -> list[str]:
+    """The argv that runs ``bash -c script`` in the sealed ``node`` (and its network).
+
+    ``keep_caps`` keeps capabilities the node otherwise loses (an sshd's privilege
+    separation needs ``sys_chroot``); every other one in :data:`DROPPED_CAPS` is dropped."""
     argv = ["unshare", "--mount", "--pid", "--fork", "--kill-child", "--propagation",
-            "private", "--", "/bin/sh", "-c", enter_script(node), "sealed-node", script]
+            "private", "--", "/bin/sh", "-c", enter_script(node, keep_caps), "sealed-node",
+            script]
     if network is not None:
         argv = ["nsenter", f"--net={network.path}", "--", *argv]
     return argv
 
 
-def enter_script(node: Node) -> str:
+def enter_script(node: Node, keep_caps: tuple[str, ...] = ()) -> str:
     """The shell that assembles the node's root, switches to it and runs ``$1`` there."""
     lines = ["set -eu", f"R={shlex.quote(str(node.root))}",
              'mount -t tmpfs -o mode=0755 sealed-node "$R"']
@@ -123,7 +128,9 @@ def enter_script(node: Node) -> str:
     home = shlex.quote(str(node.home))
     lines += ['cd "$R"', "mkdir .old", "pivot_root . .old", "umount -l /.old", "rmdir /.old",
               f"cd {home}"]
-    lines.append(f'exec setpriv --bounding-set={DROPPED_CAPS} -- /bin/bash -c "$1"'
+    dropped = ",".join(cap for cap in DROPPED_CAPS.split(",")
+                       if cap.lstrip("-") not in keep_caps)
+    lines.append(f'exec setpriv --bounding-set={dropped} -- /bin/bash -c "$1"'
                  if shutil.which("setpriv") else 'exec /bin/bash -c "$1"')
     return "\n".join(lines) + "\n"
 

@@ -56,6 +56,11 @@ class Store(Protocol):
         """Remove ``key``; a missing key is not an error."""
 
 
+# Top-level names a store keeps for itself, beside the runs: ``wheels/`` holds the
+# wheelhouse every run of the store shares (burst.env.wheelhouse).
+SHARED_PREFIXES = frozenset({"wheels"})
+
+
 def check_key(key: str) -> str:
     """Reject keys that could escape the store root or a run's prefix.
 

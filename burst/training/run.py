@@ -52,7 +52,7 @@ from burst.snapshot.upload import UploadQueue
 from burst.state import capture as state_mod
 from burst.state import rng
 from burst.store import Store, default_local_url, is_local, open_store
-from burst.store.base import check_key
+from burst.store.base import SHARED_PREFIXES, check_key
 from burst.supervise import faults
 from burst.training import failure
 from burst.training.amp import AMP_DTYPES, parse_amp
@@ -554,6 +554,9 @@ def _run_id(run_id: str | None) -> str:
         check_key(run_id)
     except SnapshotError:
         raise ConfigError(f"run id {run_id!r} may hold only letters, digits and ._=+@-") from None
+    if run_id in SHARED_PREFIXES:
+        raise ConfigError(f"run id {run_id!r} is the name of the store's shared wheelhouse: "
+                          "choose another")
     return run_id
 
 

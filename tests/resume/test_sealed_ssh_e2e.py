@@ -27,19 +27,12 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, assert_same, step_records
-from tests.resume.test_sealed_e2e import (
-    ARGS,
-    environment,
-    make_project,
-    reference,  # noqa: F401 (the fixture)
-)
-from tests.resume.test_sealed_e2e import RUN as STORE_NAME
+from tests.sealed_project import ARGS, PY, STORE_NAME, environment, make_project
 from tests.sealed_sshd import problem, sealed_sshd
 from tests.store_servers import BUCKET
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.geteuid() != 0, reason="a sealed box needs root")]
-PY = sys.executable
 RUN = "sealed-ssh"
 WHEELS = f"{STORE_NAME}/wheels/"
 #: What any fresh home on the box may hold once pip and burst have run there.
@@ -66,25 +59,15 @@ def wheel_keys(moto_s3) -> dict[str, tuple[str, str]]:
             for page in pages for item in page.get("Contents", [])}
 
 
-def wheel_cache(tmp_path_factory, base: Path) -> Path:
-    """The ``--to local`` test's wheel cache when it ran in this session (the same repacked
-    wheels, not repacked again), else this module's own (``BURST_TEST_WHEEL_CACHE`` wins)."""
-    if os.environ.get("BURST_TEST_WHEEL_CACHE"):
-        return Path(os.environ["BURST_TEST_WHEEL_CACHE"])
-    shared = tmp_path_factory.getbasetemp() / "sealed0" / "wheel-cache"
-    return shared if shared.is_dir() else base / "wheel-cache"
-
-
 @pytest.fixture(scope="module")
-def resumed(tmp_path_factory, moto_s3) -> dict:
+def resumed(tmp_path_factory, moto_s3, sealed_wheel_cache) -> dict:
     """Train until SIGKILL in step 5, then ``burst resume --to ssh://`` onto the sealed box."""
     problem_here = problem()
     if problem_here:
         pytest.skip(f"no sealed sshd here: {problem_here}")
     base = tmp_path_factory.mktemp("sealed-ssh")
     project = make_project(base / "project")
-    env = environment(moto_s3.endpoint, base / "unused-stub-nodes",
-                      wheel_cache(tmp_path_factory, base))
+    env = environment(moto_s3.endpoint, base / "unused-stub-nodes", sealed_wheel_cache)
     url = moto_s3.url(STORE_NAME)
     before = wheel_keys(moto_s3)
     killed = subprocess.run([PY, "train.py", "--run-id", RUN, "--store", url, *ARGS],
@@ -120,15 +103,15 @@ def node_code(resumed: dict) -> Path:
     return codes[0]
 
 
-def test_sealed_ssh_box_resumes_bitwise_equal_to_an_uninterrupted_run(resumed, reference):  # noqa: F811
+def test_sealed_ssh_box_resumes_bitwise_equal_to_an_uninterrupted_run(resumed, sealed_reference):
     code = node_code(resumed)
     import torch
 
-    assert_same(torch.load(code / "final.pt", weights_only=True), reference[1])
+    assert_same(torch.load(code / "final.pt", weights_only=True), sealed_reference[1])
     before = step_records(resumed["project"] / "records.jsonl")
     after = step_records(code / "records.jsonl")
     stitched = {r["step"]: r for r in before} | {r["step"]: r for r in after}
-    assert [stitched[k] for k in sorted(stitched)] == reference[0]
+    assert [stitched[k] for k in sorted(stitched)] == sealed_reference[0]
     assert not (resumed["project"] / "final.pt").exists()
 
 

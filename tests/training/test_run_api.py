@@ -261,3 +261,8 @@ def test_the_runs_grad_scaler_is_enabled_only_for_fp16(tmp_path):
     bf16 = burst.Run("b", store=tmp_path, global_batch=4, amp="bf16")
     bf16.attach(make_model())
     assert not bf16.grad_scaler().is_enabled()
+
+
+def test_a_run_may_not_take_the_name_of_the_stores_shared_wheelhouse(tmp_path):
+    with pytest.raises(ConfigError, match="shared wheelhouse"):
+        burst.Run("wheels", global_batch=4, store=tmp_path / "store")
