@@ -20,8 +20,14 @@ EXAMPLE = ROOT / "scripts" / "example_train.py"
 
 # Session fixtures for the store tests: real S3 servers and OpenSSH on 127.0.0.1.
 pytest_plugins = ["tests.store_servers", "tests.sealed_project"]
-# No wheelhouse unless a test asks for one: building it downloads from package indexes.
+# No wheelhouse unless a test asks for one (the policy follows a resumed run to its node).
 os.environ.setdefault("BURST_WHEELS", "none")
+# Tests never reach the internet: a package index that a test (or a node it starts) would
+# ask by accident is a dead port on loopback. Local wheel directories still answer.
+DEAD_INDEX = "http://127.0.0.1:9/simple/"
+os.environ.setdefault("PIP_INDEX_URL", DEAD_INDEX)
+os.environ.setdefault("UV_INDEX_URL", DEAD_INDEX)
+os.environ.setdefault("PIP_RETRIES", "0")
 
 
 def run_example(workdir: Path, run_id: str, *args: str, env: dict | None = None

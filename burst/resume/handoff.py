@@ -357,6 +357,11 @@ def task_envs(request: Request, lock: Lockfile | None = None) -> dict[str, str]:
     pem = _ca_certificate(options.get("ca_bundle"))
     if pem is not None:
         envs[CA_BUNDLE_ENV] = pem
+    # the wheelhouse policy the user chose follows the run: a node that freezes its own
+    # environment again stores (or does not store) wheels the same way
+    for name in (wheels.POLICY_ENV, wheels.MACHINE_ENV, wheels.TORCH_VARIANT_ENV):
+        if os.environ.get(name):
+            envs[name] = os.environ[name]
     return envs
 
 
