@@ -6,6 +6,7 @@ session; wheels are content-addressed, so the second test uploads none)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, step_records
+from tests.conftest import ROOT, assert_same, step_records
 from tests.store_servers import ACCESS_KEY, SECRET_KEY, free_port
 
 PY = sys.executable
@@ -147,3 +148,30 @@ def sealed_wheel_cache(tmp_path_factory) -> Path:
     (``BURST_TEST_WHEEL_CACHE`` keeps one between local runs)."""
     kept = os.environ.get("BURST_TEST_WHEEL_CACHE")
     return Path(kept) if kept else tmp_path_factory.mktemp("wheel-cache")
+
+
+def assert_resumed_bitwise(code: Path, project: Path, reference: tuple[list[dict], dict]) -> None:
+    """The node's final state equals the uninterrupted run's, and the step records of the
+    killed leg and the resumed one stitch into the uninterrupted run's records."""
+    import torch
+
+    assert_same(torch.load(code / "final.pt", weights_only=True), reference[1])
+    before = step_records(project / "records.jsonl")
+    after = step_records(code / "records.jsonl")
+    stitched = {r["step"]: r for r in before} | {r["step"]: r for r in after}
+    assert [stitched[k] for k in sorted(stitched)] == reference[0]
+    assert not (project / "final.pt").exists()  # the killed leg never finished here
+
+
+def assert_saw_nothing(code: Path, hidden: list[str]) -> None:
+    """None of ``hidden`` existed for the training script on the node."""
+    seen = json.loads((code / "seen.json").read_text())
+    assert seen["paths"] == {path: False for path in hidden}
+
+
+def assert_trained_in_node_venv(code: Path) -> None:
+    """burst and torch ran from the node's one venv (built from the store), not this one."""
+    seen = json.loads((code / "seen.json").read_text())
+    venv = code.parent / "venv"
+    assert Path(seen["prefix"]) == venv
+    assert Path(seen["burst"]).is_relative_to(venv) and Path(seen["torch"]).is_relative_to(venv)

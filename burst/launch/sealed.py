@@ -236,16 +236,42 @@ def store_dirs(envs: Mapping[str, str]) -> list[Path]:
     return [Path(parsed.path)]
 
 
-class Loopback:
-    """A network namespace with only a loopback device, where ``ports`` of this machine's
-    127.0.0.1 are relayed (the store's): everything else, package indexes included, is
-    unreachable from inside. Nodes enter it with ``nsenter --net=PATH``; the nodes of one
-    job share it, so they reach each other on 127.0.0.1 as the stub tells them to."""
+class _Relays:
+    """Listeners on this machine's 127.0.0.1 that relay connections across a network
+    namespace, and the namespace's file descriptor; closing both ends the relays."""
 
     def __init__(self, ports: Iterable[int]) -> None:
         self.ports = tuple(sorted(set(ports)))
         self._fd: int | None = None
         self._listeners: list[socket.socket] = []
+
+    def _serve(self, name: str) -> None:
+        for listener in self._listeners:
+            threading.Thread(target=self._accept, args=(listener,), daemon=True,
+                             name=name).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        raise NotImplementedError
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for listener in self._listeners:
+            with suppress(OSError):
+                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
+            listener.close()
+        self._listeners = []
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+class Loopback(_Relays):
+    """A network namespace with only a loopback device, where ``ports`` of this machine's
+    127.0.0.1 are relayed (the store's): everything else, package indexes included, is
+    unreachable from inside. Nodes enter it with ``nsenter --net=PATH``; the nodes of one
+    job share it, so they reach each other on 127.0.0.1 as the stub tells them to."""
 
     @property
     def path(self) -> str:
@@ -264,23 +290,8 @@ class Loopback:
         if "error" in made:
             self.close()
             raise SealError(f"no network namespace for the node: {made['error']}")
-        for listener in self._listeners:
-            threading.Thread(target=self._accept, args=(listener,), daemon=True,
-                             name="burst-seal-relay").start()
+        self._serve("burst-seal-relay")
         return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for listener in self._listeners:
-            with suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
-            listener.close()
-        self._listeners = []
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
     def _inside(self, made: dict[str, object]) -> None:
         try:
@@ -355,9 +366,7 @@ def popen(node: Node, script: str, env: Mapping[str, str], network: Loopback | N
     return subprocess.Popen(command(node, script, network), env=dict(env), **kwargs)
 
 
-
-
-class Inbound:
+class Inbound(_Relays):
     """``ports`` of this machine's 127.0.0.1 relayed *into* a sealed network namespace (the
     reverse of :class:`Loopback`): a service that runs in the sealed network (a test's SSH
     server standing in for a rented box) is reached from here as on the same port there,
@@ -368,10 +377,8 @@ class Inbound:
     namespace its creating thread was in."""
 
     def __init__(self, namespace: str, ports: Iterable[int]) -> None:
+        super().__init__(ports)
         self.namespace = namespace
-        self.ports = tuple(sorted(set(ports)))
-        self._fd: int | None = None
-        self._listeners: list[socket.socket] = []
 
     def __enter__(self) -> Inbound:
         self._fd = os.open(self.namespace, os.O_RDONLY)
@@ -386,23 +393,8 @@ class Inbound:
             self.close()
             raise SealError(f"cannot relay 127.0.0.1 ports {self.ports} into the node: "
                             f"{exc}") from None
-        for listener in self._listeners:
-            threading.Thread(target=self._accept, args=(listener,), daemon=True,
-                             name="burst-seal-inbound").start()
+        self._serve("burst-seal-inbound")
         return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()
-
-    def close(self) -> None:
-        for listener in self._listeners:
-            with suppress(OSError):
-                listener.shutdown(socket.SHUT_RDWR)  # wakes the accept loop
-            listener.close()
-        self._listeners = []
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
 
     def _accept(self, listener: socket.socket) -> None:
         port = listener.getsockname()[1]

@@ -18,7 +18,6 @@ session this one must upload no wheel again.
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -26,8 +25,17 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ROOT, assert_same, step_records
-from tests.sealed_project import ARGS, PY, STORE_NAME, environment, make_project
+from tests.conftest import ROOT
+from tests.sealed_project import (
+    ARGS,
+    PY,
+    STORE_NAME,
+    assert_resumed_bitwise,
+    assert_saw_nothing,
+    assert_trained_in_node_venv,
+    environment,
+    make_project,
+)
 from tests.sealed_sshd import problem, sealed_sshd
 from tests.store_servers import BUCKET
 
@@ -104,28 +112,15 @@ def node_code(resumed: dict) -> Path:
 
 
 def test_sealed_ssh_box_resumes_bitwise_equal_to_an_uninterrupted_run(resumed, sealed_reference):
-    code = node_code(resumed)
-    import torch
-
-    assert_same(torch.load(code / "final.pt", weights_only=True), sealed_reference[1])
-    before = step_records(resumed["project"] / "records.jsonl")
-    after = step_records(code / "records.jsonl")
-    stitched = {r["step"]: r for r in before} | {r["step"]: r for r in after}
-    assert [stitched[k] for k in sorted(stitched)] == sealed_reference[0]
-    assert not (resumed["project"] / "final.pt").exists()
+    assert_resumed_bitwise(node_code(resumed), resumed["project"], sealed_reference)
 
 
 def test_sealed_ssh_box_sees_no_source_tree_local_store_or_venv(resumed):
-    seen = json.loads((node_code(resumed) / "seen.json").read_text())
-    assert seen["paths"] == {path: False for path in sees(resumed["project"])}
+    assert_saw_nothing(node_code(resumed), sees(resumed["project"]))
 
 
 def test_sealed_ssh_box_trains_in_its_own_venv_built_from_the_store(resumed):
-    code = node_code(resumed)
-    seen = json.loads((code / "seen.json").read_text())
-    venv = code.parent / "venv"
-    assert Path(seen["prefix"]) == venv  # the node's one venv, not this machine's
-    assert Path(seen["burst"]).is_relative_to(venv) and Path(seen["torch"]).is_relative_to(venv)
+    assert_trained_in_node_venv(node_code(resumed))
 
 
 def test_a_second_run_in_the_store_uploads_no_wheel_again(resumed):
