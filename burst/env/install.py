@@ -258,7 +258,7 @@ def _pip(python: str) -> list[str]:
 def _requirements(lock: Lockfile, target: torchvariant.Target, options: Options,
                   env: dict[str, str]) -> tuple[dict | None, list[str], list[dict], list[str]]:
     torch = lock.package("torch")
-    recorded = torchvariant_of(lock)
+    recorded = lock.torch_variant()
     choice = torchvariant.choose(torch.version, recorded, target) if torch else None
     changed = bool(choice and choice.variant != recorded)
     requirements, skipped, editable = [], [], []
@@ -292,14 +292,6 @@ def _requirements(lock: Lockfile, target: torchvariant.Target, options: Options,
 
 def _here_python() -> str:
     return ".".join(map(str, sys.version_info[:3]))
-
-
-def torchvariant_of(lock: Lockfile) -> str:
-    torch = lock.package("torch")
-    facts = lock.torch or {}
-    if facts.get("variant"):
-        return str(facts["variant"])
-    return envfacts.torch_variant(torch.version if torch else "", facts.get("cuda"))
 
 
 def _why_not(package: Package) -> str:

@@ -124,6 +124,14 @@ class Lockfile:
     def torch_index_template(self) -> str | None:
         return (self.torch or {}).get("index_template")
 
+    def torch_variant(self) -> str:
+        """The torch build this lockfile recorded (``cpu``, ``cu128``, ``default``...)."""
+        facts = self.torch or {}
+        if facts.get("variant"):
+            return str(facts["variant"])
+        torch = self.package("torch")
+        return envfacts.torch_variant(torch.version if torch else "", facts.get("cuda"))
+
 
 def loads(data: bytes | str) -> Lockfile:
     try:

@@ -155,22 +155,11 @@ def target_for(lock: Lockfile, *, machine: str | None = None, policy: str | None
 
 
 def _default_variant(lock: Lockfile, version: str) -> str:
-    recorded = torch_variant_of(lock)
+    recorded = lock.torch_variant()
     if recorded.startswith(("cu", "rocm")):
         return recorded
     hopper = torchvariant.Target("cuda", "H100", (9, 0))
     return torchvariant.choose(version, recorded, hopper).variant
-
-
-def torch_variant_of(lock: Lockfile) -> str:
-    """The torch build a lockfile recorded (``cpu``, ``cu128``, ``default``...)."""
-    from burst.env import machine as envfacts
-
-    torch = lock.package("torch")
-    facts = lock.torch or {}
-    if facts.get("variant"):
-        return str(facts["variant"])
-    return envfacts.torch_variant(torch.version if torch else "", facts.get("cuda"))
 
 
 # -- what goes in -------------------------------------------------------------------------
@@ -229,7 +218,7 @@ class Wheelhouse:
 def plan(lock: Lockfile, target: Target) -> tuple[list[Pin], list[dict[str, str]]]:
     """The pins to obtain for ``target``, and those left out on purpose (with why)."""
     environment = target.environment()
-    recorded = torch_variant_of(lock)
+    recorded = lock.torch_variant()
     changed = target.torch_variant not in (None, recorded)
     with_torch = target.policy == "all"
     pins: list[Pin] = []
@@ -428,7 +417,7 @@ def _download(pins: list[Pin], target: Target, lock: Lockfile, root: Path,
     for (to build from source, or to list as missing)."""
     if not pins:
         return []
-    recorded = torch_variant_of(lock)
+    recorded = lock.torch_variant()
     changed = target.torch_variant not in (None, recorded)
     plain = [p for p in pins if not (p.role == "torch" and p.name in TORCH_FAMILY)]
     torch = [p for p in pins if p not in plain]
