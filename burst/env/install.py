@@ -167,14 +167,19 @@ def _drop_present(plan: Plan) -> None:
         installed = live_in(plan.python).packages
     except BurstError:
         return
-    keep = []
-    for requirement in plan.requirements:
+    present, plan.requirements = _split_pinned(plan.requirements, installed)
+    plan.present.extend(present)
+
+
+def _split_pinned(requirements: list[str], versions: dict[str, str]
+                  ) -> tuple[list[str], list[str]]:
+    """(``name==version`` requirements whose exact version ``versions`` has, the rest)."""
+    matched, rest = [], []
+    for requirement in requirements:
         name, _, version = requirement.partition("==")
-        if version and installed.get(lockfiles.normalize(name)) == version:
-            plan.present.append(requirement)
-        else:
-            keep.append(requirement)
-    plan.requirements = keep
+        has = bool(version) and versions.get(lockfiles.normalize(name)) == version
+        (matched if has else rest).append(requirement)
+    return matched, rest
 
 
 def _use_wheelhouse(plan: Plan, lock: Lockfile, directory: Path) -> None:
@@ -182,13 +187,8 @@ def _use_wheelhouse(plan: Plan, lock: Lockfile, directory: Path) -> None:
     editable project it holds a wheel of is installed from that wheel."""
     held = wheelhouse.wheels_in(directory)
     plan.wheelhouse = str(directory.absolute())
-    rest = []
-    for requirement in plan.requirements:
-        name, _, version = requirement.partition("==")
-        if version and held.get(lockfiles.normalize(name)) == version:
-            plan.from_wheelhouse.append(requirement)
-        else:
-            rest.append(requirement)
+    held_here, rest = _split_pinned(plan.requirements, held)
+    plan.from_wheelhouse.extend(held_here)
     for package in lock.packages:
         if not package.installable and package.name in held:
             plan.from_wheelhouse.append(f"{package.name}=={held[package.name]}")

@@ -338,13 +338,19 @@ def _relay(inside: socket.socket, port: int) -> None:
     except OSError:
         inside.close()
         return
-    outside.settimeout(None)
-    back = threading.Thread(target=_pump, args=(outside, inside), daemon=True)
+    _splice(inside, outside)
+
+
+def _splice(a: socket.socket, b: socket.socket) -> None:
+    """Copy bytes both ways between two connected sockets until both ends close."""
+    for sock in (a, b):
+        sock.settimeout(None)
+    back = threading.Thread(target=_pump, args=(b, a), daemon=True)
     back.start()
-    _pump(inside, outside)
+    _pump(a, b)
     back.join()
-    inside.close()
-    outside.close()
+    a.close()
+    b.close()
 
 
 def _pump(source: socket.socket, sink: socket.socket) -> None:
@@ -420,10 +426,4 @@ def _relay_in(outside: socket.socket, namespace_fd: int | None, port: int) -> No
     except OSError:
         outside.close()
         return
-    inside.settimeout(None)
-    back = threading.Thread(target=_pump, args=(inside, outside), daemon=True)
-    back.start()
-    _pump(outside, inside)
-    back.join()
-    inside.close()
-    outside.close()
+    _splice(outside, inside)
