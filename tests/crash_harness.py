@@ -120,13 +120,19 @@ def check(work: Path, local: LocalStore, remote: S3Store, progress: Path) -> dic
         if max(steps, default=0) < committed[tier]:
             raise AssertionError(f"{tier} lost step {committed[tier]}: it lists {steps}")
         result[f"{tier}_steps"] = steps
-    result["resumed_local"] = resume(local, work / "resume-a")
-    result["resumed_remote"] = resume(remote, work / "resume-b")
-    for tier in ("local", "remote"):
-        newest = max(result[f"{tier}_steps"], default=None)
-        if result[f"resumed_{tier}"] != newest:
-            raise AssertionError(f"resume from {tier} gave step {result[f'resumed_{tier}']}, "
-                                 f"the newest complete snapshot is {newest}")
+    for tier, store, fresh in (("local", local, "resume-a"), ("remote", remote, "resume-b")):
+        resumed = result[f"resumed_{tier}"] = resume(store, work / fresh)
+        # A request the killed process had already sent may still land on the server
+        # after the first listing (a manifest PUT in flight): resume must give the newest
+        # snapshot listed before it started, or one that completed since and verifies.
+        newest_before = max(result[f"{tier}_steps"], default=None)
+        landed_since = [s for s in reader.list_steps(store, RUN)
+                        if newest_before is None or s > newest_before]
+        for step in landed_since:
+            reader.verify(store, RUN, step)
+        if resumed != newest_before and resumed not in landed_since:
+            raise AssertionError(f"resume from {tier} gave step {resumed}, the newest "
+                                 f"complete snapshot is {newest_before}")
     recover(local, remote)
     return result
 
