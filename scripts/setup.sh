@@ -10,4 +10,4 @@ if [ ! -x .venv/bin/python ]; then
 fi
 PIP=(.venv/bin/python -m pip install --quiet --disable-pip-version-check)
 "${PIP[@]}" "torch==2.13.0"
-"${PIP[@]}" -e ".[test,cloud,gcs]"
+"${PIP[@]}" -e ".[test,cloud,gcs,docs]"
