@@ -68,45 +68,53 @@ def merge(src: Store, dst: Store, run_id: str) -> bool:
     Several machines write a run's history (the laptop, the agent, a cloud node after a
     resume), each into its own local copy, so copying one file over another would lose
     the other side's events. The union is ordered by time; events of the same
-    millisecond keep the order their writer gave them.
+    millisecond keep the order their writer gave them. Lines that are not events are
+    dropped (with a warning), never spread to another store.
     """
-    ours, theirs = _lines(src, run_id), _lines(dst, run_id)
-    known = set(theirs)
-    new = [line for line in ours if line not in known]
+    ours, theirs = _events(src, run_id), _events(dst, run_id)
+    known = {line for line, _ in theirs}
+    new = [(line, event) for line, event in ours if line not in known]
     if not new:
         return False
-    merged = sorted(theirs + new, key=_time_of)  # stable: ties keep their written order
-    dst.put(key(run_id), "".join(line + "\n" for line in merged).encode())
+    merged = sorted(theirs + new, key=lambda pair: str(pair[1].get("time", "")))  # stable
+    dst.put(key(run_id), "".join(line + "\n" for line, _ in merged).encode())
     return True
 
 
-def _lines(store: Store, run_id: str) -> list[str]:
-    try:
-        data = store.get(key(run_id)).decode(errors="replace")
-    except KeyError:
-        return []
-    return [line for line in data.splitlines() if line.strip()]
-
-
-def _time_of(line: str) -> str:
-    try:
-        return str(json.loads(line).get("time", ""))
-    except (ValueError, AttributeError):
-        return ""
-
-
 def read(store: Store, run_id: str) -> list[dict]:
-    """Every event of the run, oldest first; lines that do not parse are skipped."""
+    """Every event of the run, oldest first; lines that are not events are skipped."""
+    return [event for _, event in _events(store, run_id)]
+
+
+def _events(store: Store, run_id: str) -> list[tuple[str, dict]]:
+    """Each line of the history that holds an event, with the event.
+
+    The file is anyone's to damage (a crash mid-line, a hostile store: one line nested
+    50,000 deep), and every reader of a run (status, report, pull, the agent) goes
+    through here, so a bad line costs a warning, one per file, never the command.
+    """
     try:
         data = store.get(key(run_id)).decode(errors="replace")
     except KeyError:
         return []
-    out = []
+    out, bad = [], 0
     for line in data.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
+        if not line.strip():
             continue
-        if isinstance(event, dict):
-            out.append(event)
+        event = _parse(line)
+        if event is None:
+            bad += 1
+        else:
+            out.append((line, event))
+    if bad:
+        warnings.warn(f"burst: skipped {bad} line(s) of {key(run_id)} in {store.url} that are "
+                      "not events", RuntimeWarning, stacklevel=3)
     return out
+
+
+def _parse(line: str) -> dict | None:
+    try:
+        event = json.loads(line)
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply to be an event
+        return None
+    return event if isinstance(event, dict) else None

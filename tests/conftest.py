@@ -28,6 +28,9 @@ DEAD_INDEX = "http://127.0.0.1:9/simple/"
 os.environ.setdefault("PIP_INDEX_URL", DEAD_INDEX)
 os.environ.setdefault("UV_INDEX_URL", DEAD_INDEX)
 os.environ.setdefault("PIP_RETRIES", "0")
+# The planner reads SkyPilot's cached catalogs when a machine has them (~/.sky/catalogs):
+# tests plan against the embedded table, or against a catalog fixture they name.
+os.environ.setdefault("BURST_SKYPILOT_CATALOG", str(ROOT / "tests" / "plan" / "no-catalog"))
 
 
 def run_example(workdir: Path, run_id: str, *args: str, env: dict | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -59,3 +60,10 @@ def test_the_cli_reference_lists_every_command_and_option(site: Path) -> None:
 def test_the_api_reference_documents_the_run(site: Path) -> None:
     page = (site / "api" / "index.html").read_text(encoding="utf-8")
     assert "burst.training.run.Run" in page and "attach" in page
+
+
+def test_the_quick_start_page_shows_the_walk_through_the_readme_tests() -> None:
+    def walk_through(path: Path) -> str:
+        return re.findall(r"```bash\n(export PATH.*?)```", path.read_text(), flags=re.S)[0]
+
+    assert walk_through(ROOT / "docs" / "quickstart.md") == walk_through(ROOT / "README.md")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from burst import events
 from burst.store import MemoryStore
 
@@ -30,3 +32,24 @@ def test_events_of_the_same_millisecond_keep_their_written_order():
     events.merge(here, there, "r")
     assert [e["event"] for e in events.read(there, "r")] == ["schedule-backup",
                                                              "schedule-decision"]
+
+
+BAD_LINES = ('{"a":' * 50000 + "\n" + "not json\n" + "[1, 2]\n").encode()
+
+
+def test_lines_that_are_not_events_are_skipped_with_one_warning_counting_them():
+    store = MemoryStore("bad-lines")
+    store.put(events.key("r"), b'{"time": "T1", "event": "start"}\n' + BAD_LINES
+              + b'{"time": "T2", "event": "resume"}\n')
+    with pytest.warns(RuntimeWarning, match="skipped 3 line") as caught:
+        history = events.read(store, "r")
+    assert [e["event"] for e in history] == ["start", "resume"]
+    assert len(caught) == 1
+
+
+def test_merging_leaves_lines_that_are_not_events_behind():
+    here, there = MemoryStore("here-bad"), MemoryStore("there-bad")
+    here.put(events.key("r"), b'{"time": "T1", "event": "start"}\n' + BAD_LINES)
+    with pytest.warns(RuntimeWarning, match="skipped 3 line"):
+        assert events.merge(here, there, "r") is True
+    assert there.get(events.key("r")) == b'{"time": "T1", "event": "start"}\n'

@@ -14,6 +14,8 @@ import io
 import json
 import os
 import pickle
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -21,11 +23,12 @@ import torch
 from click.testing import CliRunner
 
 import burst
+from burst import events
 from burst.cli import main
-from burst.errors import BurstError, SnapshotError
+from burst.errors import BurstError, SnapshotError, StoreError
 from burst.snapshot import format as fmt
 from burst.snapshot import reader as snapshot
-from burst.snapshot import sync
+from burst.snapshot import retention, sync
 from burst.snapshot.tensors import load_tensors
 from burst.state import capture as state
 from burst.store import LocalStore, open_store
@@ -102,6 +105,9 @@ def test_run_ids_that_leave_the_store_are_refused(tmp_path: Path, bad_run: str) 
      "malformed shape"),
     (lambda m: m.update(state="NESTED"), "nested too deeply"),
     (lambda m: m["state"].update(rng={"python": "x"}), "RNG state is malformed"),
+    (lambda m: m.update(step=10**30), "not a step number"),
+    (lambda m: m.update(step=m["step"] + 1), "not the step its name says"),
+    (lambda m: m.update(blobs={d + "\n": i for d, i in m["blobs"].items()}), "not a SHA-256"),
 ])
 def test_malformed_manifests_are_refused_before_anything_changes(tmp_path: Path, change,
                                                                   why: str) -> None:
@@ -210,8 +216,6 @@ def test_hostile_keys_in_a_listing_are_ignored(moto_s3, tmp_path: Path,
     snapshot.verify(local, RUN)
     escaped = [p for p in tmp_path.rglob("*") if p.name in ("escaped", "x", "a b")]
     assert escaped == []
-    from burst.snapshot import retention
-
     retention.gc(remote, RUN, keep_last=1)  # a hostile key does not stop GC either
 
 
@@ -249,3 +253,185 @@ def test_state_decoding_builds_only_plain_values(tmp_path: Path) -> None:
     walk(decoded)
     assert kinds <= {dict, list, tuple, str, int, float, bool, type(None), torch.Tensor,
                      torch.dtype}
+
+
+# -- round two (issue 18): links, history lines, names, fallbacks, sizes, leftovers ----------
+
+
+def _cli(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(main, list(args))
+    assert "Traceback" not in result.output, (args, result.output)
+    return result.exit_code, result.output
+
+
+def test_a_directory_symlink_never_takes_writes_outside_the_store(tmp_path: Path) -> None:
+    source = _good_run(tmp_path / "src")
+    manifest = snapshot.read_manifest(source, RUN)
+    assert manifest is not None
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    dst = LocalStore(tmp_path / "dst")
+    (dst.root / RUN / "blobs").mkdir(parents=True)
+    for digest in manifest["blobs"]:
+        os.symlink(elsewhere, dst.root / RUN / "blobs" / digest[:2])
+    with pytest.raises(StoreError, match="symbolic link"):
+        sync.push(source, dst, RUN)
+    assert list(elsewhere.iterdir()) == []
+    assert snapshot.list_steps(dst, RUN) == []
+
+
+def test_reads_never_follow_a_symlink_out_of_the_store(tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "lockfile.json").write_text("secret")
+    os.symlink(outside, store.root / RUN / "env")
+    (store.root / RUN / "events.jsonl").unlink()
+    os.symlink(outside / "lockfile.json", store.root / RUN / "events.jsonl")
+    for key in (f"{RUN}/env/lockfile.json", f"{RUN}/events.jsonl"):
+        with pytest.raises(StoreError, match="symbolic link"):
+            store.get(key)
+    listed = store.list(f"{RUN}/")
+    assert not [k for k in listed if "/env/" in k or k.endswith("events.jsonl")], listed
+    (store.root / RUN / "events.jsonl").unlink()
+    dst = LocalStore(tmp_path / "dst")
+    with pytest.raises(StoreError, match="symbolic link"):
+        sync.pull(store, dst, RUN)  # listing env/ would lead outside: refused, not walked
+    assert not (dst.root / RUN / "env").exists()
+
+
+def test_a_deeply_nested_event_line_costs_a_warning_not_the_command(tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+    store.append(f"{RUN}/events.jsonl", b'{"a":' * 50000 + b"\n")
+    url = str(store.root)
+    for args in (["status", RUN, "--store", url],
+                 ["report", RUN, "--store", url, "--out", str(tmp_path / "report")],
+                 ["pull", RUN, "--store", url, "--local", str(tmp_path / "pulled")]):
+        code, output = _cli(*args)
+        assert code == 0, (args, output)
+
+
+def test_manifest_names_that_no_step_has_are_not_listed(tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+    (step,) = snapshot.list_steps(store, RUN)
+    data = _manifest_path(store).read_bytes()
+    for name in ("99999999999999999999999.json", "7.json", "000000000007.json\n",
+                 "\u0660" * 11 + "\u0667.json"):  # Arabic-Indic digits
+        (_manifest_path(store).parent / name).write_bytes(data)
+    assert snapshot.list_steps(store, RUN) == [step]
+    code, output = _cli("ls", RUN, "--store", str(store.root))
+    assert code == 0 and output.count(RUN) >= 1 and "99999" not in output
+
+
+def test_a_manifest_renamed_to_another_step_is_refused(tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+    (step,) = snapshot.list_steps(store, RUN)
+    path = _manifest_path(store)
+    path.rename(path.with_name(f"{step + 7:012d}.json"))
+    with pytest.raises(SnapshotError, match="not the step its name says"):
+        snapshot.verify(store, RUN)
+    code, output = _cli("verify", RUN, "--store", str(store.root))
+    assert code == 1 and len(output.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("step", [10**30, 10**12, -1, True, 7.0])
+def test_steps_out_of_range_are_refused_on_read(tmp_path: Path, step: object) -> None:
+    store = _good_run(tmp_path / "store")
+    _rewrite(store, lambda m: m.update(step=step))
+    with pytest.raises(SnapshotError, match="step"):
+        snapshot.verify(store, RUN)
+    with pytest.raises(SnapshotError, match="not a step number"):
+        snapshot.read_manifest(store, RUN, 10**30)
+
+
+def test_a_digest_with_a_trailing_newline_is_refused_by_ls_and_show(tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+
+    def add_newline(m: dict) -> None:
+        m["blobs"] = {d + "\n": info for d, info in m["blobs"].items()}
+        for entry in m["tensors"].values():
+            entry["blob"] += "\n"
+
+    _rewrite(store, add_newline)
+    with pytest.raises(SnapshotError, match="not a SHA-256"):
+        snapshot.read_manifest(store, RUN)
+    for command in ("show", "ls"):
+        code, output = _cli(command, RUN, "--store", str(store.root))
+        assert code == 1 and "not a SHA-256" in output, (command, output)
+
+
+def _two_snapshots(store: LocalStore) -> str:
+    """Steps 0 and 5 of one run; returns the digest of the blob only step 5 has."""
+    run = burst.Run(RUN, store=store, global_batch=2, persist_seconds=None, keep=5)
+    model = _model()
+    run.attach(model)
+    run.snapshot("manual", wait=True)
+    with torch.no_grad():
+        model.weight.add_(1.0)
+    run.step = 5
+    run.snapshot("manual", wait=True)
+    old, new = (snapshot.read_manifest(store, RUN, s) for s in (0, 5))
+    assert old is not None and new is not None
+    (digest,) = set(new["blobs"]) - set(old["blobs"])
+    return digest
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+@pytest.mark.parametrize("damage", ["blob", "manifest"])
+def test_a_corrupt_newest_snapshot_falls_back_loudly_on_every_store(
+        request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+        where: str, damage: str) -> None:
+    written = LocalStore(tmp_path / "written")
+    digest = _two_snapshots(written)
+    store: object = written
+    if where == "s3":
+        moto_s3 = request.getfixturevalue("moto_s3")
+        aws_env(monkeypatch)
+        store = open_store(moto_s3.url(), **moto_s3.options())
+        sync.push(written, store, RUN, every=True)  # type: ignore[arg-type]
+    if damage == "blob":
+        key = fmt.blob_key(RUN, digest)
+        data = bytearray(store.get(key))  # type: ignore[attr-defined]
+        data[0] ^= 1
+        store.put(key, bytes(data))  # type: ignore[attr-defined]
+    else:
+        store.put(fmt.manifest_key(RUN, 5), b"{not json")  # type: ignore[attr-defined]
+    run = burst.Run(RUN, store=store, local=str(tmp_path / "tier"), global_batch=2)
+    with pytest.warns(RuntimeWarning, match="falling back to step 0"):
+        restored = run.attach(_model())
+    assert restored is not None and restored.step == 0
+    skipped = [e for e in events.read(run.local, RUN) if e["event"] == "snapshot-skipped"]
+    assert len(skipped) == 1 and f"{RUN}@5" in skipped[0]["message"]
+
+
+def test_a_manifest_with_more_entries_than_any_model_is_refused_in_one_line(
+        tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+    path = _manifest_path(store)
+    text = path.read_text()  # written as encode_manifest does: '"blobs":{' then entries
+    extra = "".join(f'"{i:064x}":{{"size":0}},' for i in range(fmt.MAX_MANIFEST_ENTRIES))
+    path.write_text(re.sub(r'"blobs":\s*\{', lambda m: m.group(0) + extra, text, count=1))
+    assert path.stat().st_size <= fmt.MAX_MANIFEST_BYTES
+    code, output = _cli("show", RUN, "--store", str(store.root))
+    assert code == 1 and "more than any real model" in output
+    assert len(output.strip().splitlines()) == 1
+
+
+def test_a_manifest_over_the_byte_cap_is_refused_unread(tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+    with open(_manifest_path(store), "r+b") as f:  # sparse: reading it would cost 64 MiB
+        f.truncate(fmt.MAX_MANIFEST_BYTES + 1)
+    code, output = _cli("show", RUN, "--store", str(store.root))
+    assert code == 1 and "too big to be a manifest" in output
+
+
+def test_gc_sweeps_a_stale_temporary_left_in_the_store(tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+    stale = store.root / RUN / "uploads" / ".000000000009.json.x1y2z3.tmp"
+    stale.parent.mkdir(exist_ok=True)
+    stale.write_bytes(b'{"time": 0, "bl')  # a marker write killed mid-way
+    then = time.time() - retention.TEMP_TTL - 60
+    os.utime(stale, (then, then))
+    code, output = _cli("gc", RUN, "--store", str(store.root))
+    assert code == 0, output
+    assert not stale.exists()

@@ -24,6 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from burst.cli import crashlog, main
+from burst.env.redact import scrub_text, strip_url
 from burst.errors import StoreError
 from burst.store import open_store
 from tests.conftest import EXAMPLE
@@ -164,3 +165,45 @@ def test_sftp_refuses_unknown_and_changed_host_keys(sshd: SSHServer, tmp_path: P
     with pytest.raises(StoreError, match="CHANGED"):
         _sftp(sshd, wrong).list("")  # type: ignore[attr-defined]
     assert _sftp(sshd, sshd.known_hosts).list("") == []  # type: ignore[attr-defined]
+
+
+SECRET = "SECRET-4f1d"
+
+
+@pytest.mark.parametrize(("url", "safe"), [
+    (f"http:/user:{SECRET}@127.0.0.1:1", "http:/127.0.0.1:1"),  # one slash: still a URL
+    (f"user:{SECRET}@127.0.0.1:1", "user@127.0.0.1:1"),
+    (f"http:user:{SECRET}@127.0.0.1", "http@127.0.0.1"),
+    (f"http://u:{SECRET}@[::1", "http://[::1"),  # unparseable: stripped, not replaced
+    ("http://127.0.0.1:99999/x", "http://127.0.0.1:99999/x"),  # a bad port stays in the echo
+    (f"https://b.example/k?X-Amz-Signature={SECRET}#f", "https://b.example/k"),
+])
+def test_strip_url_strips_malformed_urls_and_keeps_what_was_typed(url: str, safe: str) -> None:
+    assert strip_url(url) == safe
+
+
+@pytest.mark.parametrize(("text", "safe"), [
+    (f"Invalid endpoint: user:{SECRET}@127.0.0.1:1", "Invalid endpoint: user@127.0.0.1:1"),
+    (f"Custom endpoint `http://u:{SECRET}@h:99999` was not a valid URI",
+     "Custom endpoint `http://h:99999` was not a valid URI"),
+    (f"(see https://u:{SECRET}@h/x).", "(see https://h/x)."),
+    (f"burst ls --endpoint-url=http:/u:{SECRET}@h --token={SECRET} password={SECRET}",
+     "burst ls --endpoint-url=http:/h --token=*** password=***"),
+    (f"GET /k?X-Amz-Credential=AKIA/x&X-Amz-Signature={SECRET} 403",
+     "GET /k?X-Amz-Credential=***&X-Amz-Signature=*** 403"),
+    ("step 7 at 12:30, mail me@example.com", "step 7 at 12:30, mail me@example.com"),
+])
+def test_scrub_text_masks_every_credential_form_in_a_message(text: str, safe: str) -> None:
+    assert scrub_text(text) == safe
+
+
+def test_a_crash_log_holds_no_secret_from_the_error_or_the_command_line(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(crashlog.LOG_DIR_ENV, str(tmp_path))
+    argv = ["burst", "ls", "--endpoint-url", f"http:/user:{SECRET}@127.0.0.1:1",
+            f"--url=https://h/x?Signature={SECRET}"]
+    path = crashlog.write(ValueError(f"Invalid endpoint: user:{SECRET}@127.0.0.1:1"), argv)
+    assert path is not None
+    text = path.read_text()
+    assert "Invalid endpoint: user@127.0.0.1:1" in text and "http:/127.0.0.1:1" in text
+    assert SECRET not in text

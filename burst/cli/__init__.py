@@ -4,7 +4,9 @@ Each command parses its flags, calls the library and prints. Expected failures a
 ``BurstError`` and are shown as one ``Error: ...`` line with a non-zero exit code. An
 ``OSError`` (a path that cannot be read or written) is one line too. Anything else is a
 bug in burst: the user gets one line naming a log file, which holds the traceback
-(:mod:`burst.cli.crashlog`), and exit code 70. Every line is stripped of URL credentials.
+(:mod:`burst.cli.crashlog`), and exit code 70. Every line, click's own usage errors
+included, is stripped of credentials (URL user info, malformed URLs too, and signature,
+token and password parameters: :func:`burst.env.redact.scrub_text`).
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ class BurstGroup(LazyGroup):
     def invoke(self, ctx: click.Context):  # type: ignore[override]
         try:
             return super().invoke(ctx)
-        except (click.ClickException, click.exceptions.Exit, click.Abort):
+        except click.ClickException as error:  # click's own messages echo what was typed
+            error.message = _scrubbed(error.message)
+            raise
+        except (click.exceptions.Exit, click.Abort):
             raise
         except BurstError as error:
             raise UserFacingError(str(error), error.exit_code) from None
@@ -56,18 +61,26 @@ def _internal(error: Exception) -> str:
     path = crashlog.write(error)
     what = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
     where = f"the traceback is in {path}" if path else "no log could be written"
-    return f"internal error in burst ({what[:200]}); {where}; please report it"
+    # scrubbed before it is cut: a URL cut in half would no longer look like one
+    return f"internal error in burst ({_one_line(what)[:200]}); {where}; please report it"
 
 
 def _one_line(message: str) -> str:
+    return _scrubbed(" ".join(message.split()))
+
+
+def _scrubbed(message: str) -> str:
     from burst.env.redact import scrub_text  # its patterns compile on the first error
 
-    return scrub_text(" ".join(message.split()))
+    return scrub_text(message)
 
 
 # name -> where the command lives and its short help (tests/cli/test_startup.py keeps the
 # short help equal to the command's own, and the table equal to each module's COMMANDS)
 COMMANDS: dict[str, Entry] = {
+    "check": Entry("burst.cli.check:check_command",
+                   "Check that a burst would work now: store access, credentials, environment "
+                   "and wheelhouse, SkyPilot, SSH targets, a place to run and local disk."),
     "drill": Entry("burst.cli.run:drill",
                    "Run a training command under an injected fault and report what was lost."),
     "env": Entry("burst.cli.env:env_group", "Rebuild or check a run's frozen environment."),

@@ -12,16 +12,16 @@ from pathlib import Path
 from typing import Any
 
 import click
-from rich.console import Console
 from rich.table import Table
 
+from burst.cli.console import make_console
 from burst.cli.options import json_option, store_option
 from burst.cli.wheels import describe_wheels, wheel_target, wheels_options
 from burst.env import check as envcheck
 from burst.env import codearchive, freeze, lockfile, wheelhouse
 from burst.env import install as envinstall
 from burst.errors import BurstError, ConfigError
-from burst.store import Store, open_store
+from burst.store import Store, check_key, open_store
 
 _COLORS = {envcheck.ERROR: "red", envcheck.WARNING: "yellow", envcheck.NOTE: "dim"}
 
@@ -51,16 +51,22 @@ def freeze_command(run_id: str | None, store_url: str, code_dir: Path | None, no
 
     Without RUN_ID (and no $BURST_RUN_ID) the lockfile is printed instead.
     """
+    # what the user typed is checked before the environment is read (seconds)
+    if output and not output.parent.is_dir():
+        raise click.BadParameter(f"{output.parent} is not a directory", param_hint="--output")
+    run_id = _run_id(run_id)
+    store = None
+    if run_id is not None:
+        check_key(run_id)  # a run id leaving the store, refused before the slow part
+        store = open_store(store_url)
     root = code_dir.resolve() if code_dir else freeze.default_code_dir()
     lock = lockfile.build(root)
     if output:
         output.write_bytes(lock.dumps())
-    run_id = _run_id(run_id)
-    if run_id is None:
+    if run_id is None or store is None:
         if not output:
             click.echo(lock.dumps().decode(), nl=False)
         return
-    store = open_store(store_url)
     target = wheel_target(store, lock, wheels, wheels_machine, torch_variant)
     result = freeze.freeze(store, run_id, code_dir=root, code=not no_code,
                            max_code_bytes=max_code_bytes, lock=lock, wheels=target,
@@ -302,7 +308,7 @@ def _print_table(differences: list[envcheck.Difference], counts: dict[str, int])
         color = _COLORS[d.severity]
         table.add_row(f"[{color}]{d.severity}[/{color}]", d.what, d.recorded or "-",
                       d.live or "-", d.note)
-    console = Console()
+    console = make_console()
     console.print(table)
     console.print(f"{counts['errors']} errors, {counts['warnings']} warnings, "
                   f"{counts['notes']} notes", highlight=False)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -49,15 +50,81 @@ local_option = click.option(
 )
 
 
-def split_csv(values: tuple[str, ...]) -> list[str]:
-    """A repeatable option that also takes commas: ``--gpu A100,H100 --gpu L4``."""
-    return [part.strip() for value in values for part in value.split(",") if part.strip()]
+def split_csv(values: tuple[str, ...], flag: str = "") -> list[str]:
+    """A repeatable option that also takes commas: ``--gpu A100,H100 --gpu L4``.
+
+    A value with nothing in it (``--gpu ''``) is refused: dropped, it would mean the same
+    as no flag at all (every card), the opposite of narrowing the choice."""
+    parts = []
+    for value in values:
+        named = [part.strip() for part in value.split(",") if part.strip()]
+        if not named:
+            raise click.BadParameter(f"{value!r} names nothing", param_hint=flag or None)
+        parts += named
+    return parts
 
 
 def gpu_counts(values: tuple[str, ...]) -> list[int]:
     """``--count 1,2,4`` as integers (one GPU when none is given)."""
     try:
-        return [int(v) for v in split_csv(values)] or [1]
+        counts = [int(v) for v in split_csv(values, "--count")] or [1]
     except ValueError:
-        raise click.BadParameter(f"GPU counts must be integers, got {values!r}",
+        raise click.BadParameter(f"GPU counts must be integers, got {', '.join(values)}",
                                  param_hint="--count") from None
+    if min(counts) < 1:
+        raise click.BadParameter(f"GPU counts must be 1 or more, got {', '.join(values)}",
+                                 param_hint="--count")
+    return counts
+
+
+def check_parses(url: str, flag: str) -> str:
+    """``url`` if a URL parser takes it (host, brackets, port); else a usage error that
+    shows it without credentials, instead of the parser's bare ValueError."""
+    from urllib.parse import urlsplit
+
+    from burst.env.redact import strip_url
+
+    try:
+        urlsplit(url).port  # noqa: B018 - parsing the port is part of the check
+    except ValueError as exc:
+        raise click.BadParameter(f"{strip_url(url)!r} is malformed ({exc})",
+                                 param_hint=flag or None) from None
+    return url
+
+
+def check_target(_ctx: click.Context | None, _param: click.Parameter | None,
+                 to: str | None) -> str | None:
+    """A click callback for ``--to``-like options: skypilot, local or an ssh:// URL that
+    parses, checked when the command starts, not when a failure needs it."""
+    if to is None or to in ("skypilot", "local"):
+        return to
+    if not to.startswith("ssh://"):
+        raise click.BadParameter(f"{to!r}: use skypilot, local or ssh://[user@]host[:port]")
+    return check_parses(to, "")
+
+
+# SkyPilot's infra shapes (sky/utils/schemas.py, 0.14): CLOUD[/REGION[/ZONE]], */REGION,
+# k8s|kubernetes[/CONTEXT]. Checked here so a typo is one plain line, not the schema's regex.
+_INFRA = re.compile(r"^(?:(?:[A-Za-z][A-Za-z0-9-]*|\*)(?:/[^/\s]+){0,2}|"
+                    r"(?i:kubernetes|k8s)(?:/\S+)?)$")
+#: The clouds SkyPilot 0.14 knows (``sky.skylet.constants.ALL_CLOUDS``; a test keeps them
+#: equal). Importing SkyPilot to ask would cost seconds on every ``--infra``.
+SKYPILOT_CLOUDS = (
+    "aws", "azure", "cudo", "do", "fluidstack", "gcp", "hyperbolic", "ibm", "kubernetes",
+    "lambda", "mithril", "nebius", "oci", "paperspace", "primeintellect", "runpod", "scp",
+    "seeweb", "shadeform", "slurm", "ssh", "vast", "verda", "vsphere", "yotta")
+
+
+def infra_list(values: tuple[str, ...]) -> list[str]:
+    """``--infra`` values, each checked against SkyPilot's shape and its clouds."""
+    places = split_csv(values, "--infra")
+    for place in places:
+        cloud = place.split("/", 1)[0].lower()
+        known = cloud in (*SKYPILOT_CLOUDS, "k8s", "*", "any")  # any: SkyPilot picks
+        if not _INFRA.match(place) or not known:
+            raise click.BadParameter(
+                f"{place!r} is not a SkyPilot infra: use CLOUD[/REGION[/ZONE]] (aws/us-east-1), "
+                "k8s/CONTEXT or ssh/POOL" + ("" if known else f"; clouds: "
+                                              f"{', '.join(SKYPILOT_CLOUDS)}"),
+                param_hint="--infra")
+    return places

@@ -8,8 +8,8 @@ import os
 import click
 
 from burst import config as user_config
-from burst.cli.options import gpu_counts, json_option, split_csv, store_option
-from burst.plan import planner
+from burst.cli.options import gpu_counts, infra_list, json_option, split_csv, store_option
+from burst.plan import planner, regions
 from burst.plan.cards import GIB
 from burst.plan.replan import Replan, replan
 from burst.store import open_store
@@ -35,6 +35,9 @@ OFFLINE_ENV = "BURST_OFFLINE"
               help="auto: bf16 where supported, else fp16 with a GradScaler; keep: as recorded.")
 @click.option("--spot", type=click.Choice(planner.SPOT_POLICIES), default="first",
               show_default=True)
+@click.option("--order", default=None, metavar="TIER[,TIER]",
+              help="Failover tiers in order: own (your k8s/ssh), spot, on-demand (default: "
+                   "the profile's order, else own,spot,on-demand).")
 @click.option("--steps", "total_steps", type=click.IntRange(min=1), default=None,
               help="The run's total optimizer steps (for the time to finish).")
 @click.option("--epochs", type=click.IntRange(min=1), default=None,
@@ -44,14 +47,16 @@ OFFLINE_ENV = "BURST_OFFLINE"
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="burst config file (default $BURST_CONFIG or ~/.config/burst/config.toml).")
 @click.option("--offline", is_flag=True, envvar=OFFLINE_ENV,
-              help=f"Use only the embedded card table, not SkyPilot's catalog (${OFFLINE_ENV}).")
+              help=f"Use only the embedded card table, not SkyPilot's catalog (${OFFLINE_ENV}); "
+                   "places are still checked against SkyPilot's cached catalog files, which "
+                   "need no network.")
 @click.option("--limit", type=click.IntRange(min=1), default=15, show_default=True,
               help="Rows to show (fitting candidates first).")
 @store_option
 @json_option
 def plan_command(run_id: str | None, cards: tuple[str, ...], counts: tuple[str, ...], nodes: int,
                  region: str, infra: tuple[str, ...], margin: float, amp: str, spot: str,
-                 total_steps: int | None, epochs: int | None, after_oom: bool,
+                 order: str | None, total_steps: int | None, epochs: int | None, after_oom: bool,
                  config_path: str | None, offline: bool, limit: int, store_url: str,
                  as_json: bool) -> None:
     """Rank where RUN_ID could continue: card, count, place, spot, micro-batch, accumulation,
@@ -59,9 +64,10 @@ def plan_command(run_id: str | None, cards: tuple[str, ...], counts: tuple[str, 
     if not run_id:
         raise click.UsageError("give a RUN_ID (or set $BURST_RUN_ID)")
     result = replan(
-        open_store(store_url), run_id, cards=split_csv(cards), region=region, infra=split_csv(infra),
+        open_store(store_url), run_id, cards=split_csv(cards, "--gpu"), region=region, infra=infra_list(infra),
         counts=gpu_counts(counts), nodes=nodes,
-        options=planner.Options(margin=margin, amp=amp, spot=spot),
+        options=planner.Options(margin=margin, amp=amp, spot=spot,
+                                order=regions.parse_order(order, "--order") if order else None),
         total_steps=total_steps, epochs=epochs, reason="oom" if after_oom else None,
         config=user_config.load(config_path), skypilot=not offline and not os.environ.get(
             OFFLINE_ENV),
@@ -81,23 +87,28 @@ def _as_json(result: Replan) -> dict:
         "reason": result.facts.reason, "steps_per_second": result.facts.steps_per_second,
         "steps_remaining": result.facts.steps_remaining, "catalog": result.catalog,
         "profile": result.profile.name, "profile_notes": list(result.profile.notes),
+        "order": list(result.order), "places_from": list(result.places_from),
+        "skipped": [{"infra": t.place.infra, "card": t.card.name, "spot": t.spot,
+                     "tier": t.tier, "why": why} for t, why in result.skipped],
         "chosen": chosen.to_dict() if chosen else None,
         "candidates": [p.to_dict() for p in result.plans],
     }
 
 
 def _print(result: Replan, limit: int) -> None:
-    from rich.console import Console  # rich loads for the table, not for --json
-    from rich.markup import escape
+    from rich.markup import escape  # rich loads for the table, not for --json
     from rich.table import Table
 
-    console = Console()
+    from burst.cli.console import make_console
+
+    console = make_console()
     run = result.facts
     table = Table(title=escape(f"plans for {run.run_id} at step {run.step} (global batch "
                                f"{run.global_batch}, was {run.card}, {run.amp or 'fp32'})"),
                   caption=escape(f"catalog: {result.catalog}; profile: {result.profile.name}; "
-                                 "places of one row are tried in order"))
-    for column in ("#", "card", "GPUs", "where", "spot", "fits", "micro", "accum", "AMP",
+                                 f"tiers: {' > '.join(result.order)}; places of one row "
+                                 "are tried in order"))
+    for column in ("#", "tier", "card", "GPUs", "where", "spot", "fits", "micro", "accum", "AMP",
                    "peak / budget", "$/h", "to finish"):
         table.add_column(column, justify="right" if column in (
             "#", "GPUs", "micro", "accum", "$/h", "to finish") else "left")
@@ -111,6 +122,11 @@ def _print(result: Replan, limit: int) -> None:
                       "candidate)[/dim]")
     for note in result.profile.notes:
         console.print(f"[yellow]note:[/yellow] {escape(note)}")
+    if result.skipped:
+        first = result.skipped[0]
+        console.print(f"[dim]{len(result.skipped)} card/place crossings skipped: they do not "
+                      f"exist (e.g. {escape(first[1])}); places from "
+                      f"{escape('; '.join(result.places_from))}[/dim]")
     chosen = result.chosen
     if chosen is not None:
         console.print(f"[bold]chosen:[/bold] {escape(_where(chosen))}")
@@ -138,7 +154,7 @@ def _groups(plans: list[planner.Plan]) -> list[tuple[planner.Plan, list[str]]]:
 def _group_key(plan: planner.Plan) -> tuple:
     target = plan.target
     return (target.card.name, target.count, target.nodes, target.spot, plan.fits,
-            target.place.own_capacity)
+            target.tier)
 
 
 def _row(index: int, plan: planner.Plan, places: list[str]) -> list[str]:
@@ -148,10 +164,10 @@ def _row(index: int, plan: planner.Plan, places: list[str]) -> list[str]:
     gpus = f"{target.count}x{target.nodes}" if target.nodes > 1 else str(target.count)
     where = escape(places[0] + (f" +{len(places) - 1}" if len(places) > 1 else ""))
     if not plan.fits:
-        return [str(index), target.card.name, gpus, where, "-", "[red]no[/red]",
+        return [str(index), "-", target.card.name, gpus, where, "-", "[red]no[/red]",
                 "-", "-", "-", "-", _price(plan.price_per_hour), "-"]
     return [
-        str(index), target.card.name, gpus, where,
+        str(index), target.tier, target.card.name, gpus, where,
         "yes" if target.spot else "no", "probe" if plan.probe else "[green]yes[/green]",
         str(plan.micro_batch), str(plan.accumulation), plan.amp or "fp32",
         f"{_gib(plan.peak_bytes)} / {_gib(plan.budget_bytes)}", _price(plan.price_per_hour),
@@ -161,8 +177,10 @@ def _row(index: int, plan: planner.Plan, places: list[str]) -> list[str]:
 
 def _where(plan: planner.Plan) -> str:
     target = plan.target
+    image = f", image {target.place.image_id}" if target.place.image_id else ""
     return (f"{target.count}x {target.card.name} x{target.nodes} node(s) at "
-            f"{target.place.label} ({'spot' if target.spot else 'on-demand'})")
+            f"{target.place.label} ({'spot' if target.spot else 'on-demand'}, "
+            f"tier {target.tier}{image})")
 
 
 def _gib(n: int | None) -> str:

@@ -8,7 +8,8 @@ from pathlib import Path
 import click
 
 from burst.cli.options import json_option, local_option, store_option
-from burst.store import is_local, open_store
+from burst.errors import SnapshotError
+from burst.store import Store, is_local, open_store
 
 
 @click.command("report")
@@ -31,10 +32,11 @@ def report(run_id: str, store_url: str, local_url: str, out_dir: Path | None,
       burst report my-run --store s3://bucket/runs --out report/
       open report/index.html
     """
-    from burst.report import write_report  # matplotlib loads only for this command
-
     store = open_store(store_url)
     more = [] if is_local(store) else [open_store(local_url)]  # the agent's local history
+    if not any(_holds(s, run_id) for s in (store, *more)):  # not an empty report of a typo
+        raise SnapshotError(f"run {run_id!r} has nothing in {store.url}")
+    from burst.report import write_report  # matplotlib loads only for a report to draw
     written = write_report(store, run_id, out_dir or Path(f"burst-report-{run_id}"), *more,
                            threshold=memory_threshold)
     if as_json:
@@ -43,6 +45,13 @@ def report(run_id: str, store_url: str, local_url: str, out_dir: Path | None,
     facts = ", ".join(f"{k} {v}" for k, v in written.summary.items()
                       if k in ("final step", "snapshots", "failures", "resumes"))
     click.echo(f"wrote {written.html} ({facts})")
+
+
+def _holds(store: Store, run_id: str) -> bool:
+    """Whether ``store`` has a snapshot or an event of ``run_id`` (two small listings, not
+    a walk over every blob)."""
+    return (bool(store.list(f"{run_id}/snapshots/"))
+            or store.size(f"{run_id}/events.jsonl") is not None)
 
 
 COMMANDS = (report,)

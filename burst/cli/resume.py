@@ -13,17 +13,26 @@ from rich.markup import escape
 from rich.table import Table
 
 from burst import config as user_config
-from burst.cli.options import gpu_counts, local_option, split_csv, store_option
+from burst.cli.console import make_console
+from burst.cli.options import (
+    check_parses,
+    gpu_counts,
+    infra_list,
+    local_option,
+    split_csv,
+    store_option,
+)
 from burst.cli.plan import OFFLINE_ENV
 from burst.errors import BurstError, ConfigError
 from burst.launch import Launcher, Reporter
 from burst.launch.local import Faults, LocalLauncher
 from burst.launch.skypilot import MODES, SkyPilotLauncher
 from burst.launch.ssh import SSHLauncher, Target
-from burst.launch.task import NodeSoftware
+from burst.launch.task import NodeSoftware, spot_policy
 from burst.plan import planner
 from burst.resume import handoff as resume
-from burst.resume import node
+from burst.resume import node, restarts
+from burst.resume import status as run_status
 from burst.store import open_store
 
 STUB_ROOT_ENV = "BURST_STUB_ROOT"
@@ -38,9 +47,10 @@ def make_launcher(to: str, options: dict) -> Launcher:
         root = options.get("stub_root") or os.environ.get(STUB_ROOT_ENV) or ".burst-nodes"
         faults = Faults(options.get("stub_fail_first") or 0, options.get("stub_preempt_at"),
                         options.get("stub_preempt") or "term")
-        return LocalLauncher(root, faults, node_python=options.get("node_python"))
+        return LocalLauncher(root, faults, node_python=options.get("node_python"),
+                             mode=options.get("mode") or "jobs", keep=bool(options.get("keep")))
     if to.startswith("ssh://"):
-        target = Target.parse(to, options.get("ssh_config"), options.get("identity"),
+        target = Target.parse(check_parses(to, "--to"), options.get("ssh_config"), options.get("identity"),
                               options.get("known_hosts"))
         return SSHLauncher(target, options.get("remote_dir") or "~/burst-node",
                            bool(options.get("accept_new_host")),
@@ -48,21 +58,26 @@ def make_launcher(to: str, options: dict) -> Launcher:
     raise ConfigError(f"--to {to!r}: use skypilot, local or ssh://[user@]host[:port]")
 
 
-def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool = False
-             ) -> resume.Request:
+def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool = False,
+             say: Callable[[str], None] = print) -> resume.Request:
     spot = options["spot"]
-    policy = "first" if spot is None else ("only" if spot else "never")
+    policy, why = spot_policy("first" if spot is None else ("only" if spot else "never"),
+                              managed=options["mode"] != "cluster")
+    if why:
+        say(why)
     software = NodeSoftware(options["node_python"], options["burst_spec"] or resume.default_spec())
     return resume.Request(
         run_id=run_id, store_url=options["store_url"], local_url=options["local_url"],
-        cards=split_csv(options["cards"]), region=options["region"], infra=split_csv(options["infra"]),
+        cards=split_csv(options["cards"], "--gpu"), region=options["region"],
+        infra=infra_list(options["infra"]),
         counts=gpu_counts(options["counts"]), nodes=options["nodes"],
         options=planner.Options(margin=options["margin"], amp=options["amp"], spot=policy),
         micro_batch=options["micro_batch"], command=command, software=software,
-        secrets=split_csv(options["secrets"]), managed=options["mode"] != "cluster",
+        secrets=split_csv(options["secrets"], "--secret"), managed=options["mode"] != "cluster",
         max_restarts=options["max_restarts"], config=user_config.load(options["config_path"]),
         skypilot_catalog=not options["offline"] and not os.environ.get(OFFLINE_ENV),
         remote_node=options["to"] != "local", dry_run=dry_run,
+        temporary_credentials=bool(options.get("allow_temporary_credentials")),
     )
 
 
@@ -88,9 +103,12 @@ def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool
               help="skypilot: a managed job with recovery, or a cluster with autostop.")
 @click.option("--cluster", default=None, help="skypilot cluster mode: the cluster's name.")
 @click.option("--idle-minutes", type=click.IntRange(min=1), default=10, show_default=True)
-@click.option("--keep", is_flag=True, help="skypilot cluster mode: do not tear down at the end.")
-@click.option("--max-restarts", type=click.IntRange(min=0), default=3, show_default=True,
-              help="Managed-job restarts on burst's failure exit codes.")
+@click.option("--keep", is_flag=True,
+              help="Cluster mode: keep the cluster when the run ends (idle only stops it).")
+@click.option("--max-restarts", type=click.IntRange(min=0),
+              default=restarts.DEFAULT_MAX_RESTARTS, show_default=True,
+              help="Managed jobs: restarts (GPU failures, preemptions) before burst stops "
+                   "the job; counted in the store.")
 @click.option("--secret", "secrets", multiple=True, metavar="NAME",
               help="Also pass this environment variable to the node as a secret.")
 @click.option("--node-python", default=None,
@@ -99,10 +117,17 @@ def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool
 @click.option("--burst-spec", default=None,
               help="What the node asks a forwarded package mirror for when the wheelhouse "
                    "holds no burst wheel.")
+@click.option("--allow-temporary-credentials", is_flag=True,
+              help="Forward store keys that carry a session token (they expire mid-run; "
+                   "warned about). Default: refused.")
 @click.option("--ssh-config", default=None, help="ssh: the SSH config file.")
 @click.option("--identity", default=None, help="ssh: the private key.")
 @click.option("--known-hosts", default=None, help="ssh: the known_hosts file.")
-@click.option("--accept-new-host", is_flag=True, help="ssh: trust a host not in known_hosts.")
+@click.option("--accept-new-host", is_flag=True,
+              help="ssh: trust a host not in known_hosts (its key is saved there).")
+@click.option("--attach", is_flag=True,
+              help="ssh: re-attach to the run's detached job (tail it to its end) instead "
+                   "of launching.")
 @click.option("--remote-dir", default=None, help="ssh: where node directories go.")
 @click.option("--stub-root", default=None, help=f"local: node directories (${STUB_ROOT_ENV}).")
 @click.option("--stub-fail-first", type=click.IntRange(min=0), default=0,
@@ -122,10 +147,16 @@ def resume_command(run_id: str | None, command: tuple[str, ...], dry_run: bool,
     [-- python train.py ...] (default command: the one the agent last ran)."""
     if not run_id:
         raise click.UsageError("give a RUN_ID (or set $BURST_RUN_ID)")
-    console = Console(stderr=True)
+    console = make_console(stderr=True)
+    if options.get("attach"):
+        sys.exit(run_attach(run_id, options, console))
     launcher = make_launcher(str(options["to"]), options)
-    request = _request(run_id, options, command, dry_run)
-    prepared = resume.prepare(request, say=lambda m: console.print(f"burst: {escape(m)}"))
+
+    def say(message: str) -> None:
+        console.print(f"burst: {escape(message)}")
+
+    request = _request(run_id, options, command, dry_run, say)
+    prepared = resume.prepare(request, say=say)
     show(prepared, launcher, console)
     if dry_run:
         console.print("[bold]dry run:[/bold] nothing launched")
@@ -134,13 +165,34 @@ def resume_command(run_id: str | None, command: tuple[str, ...], dry_run: bool,
 
 
 def run_launch(prepared: resume.Prepared, launcher: Launcher, console: Console) -> int:
-    """Launch and stream; the job's exit code becomes ours."""
+    """Launch and stream; the job's own exit code (86, 87, 88, 0 from its nodes' events,
+    not the launcher's status: SkyPilot's is 0 or 100) becomes ours."""
     report = Reporter(say=lambda m: console.print(f"burst: {escape(m)}"),
                       output=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+    since = run_status.now()
     result = resume.launch(prepared, launcher, report)
-    state = "finished" if result.returncode == 0 else f"ended with exit {result.returncode}"
+    code = run_status.job_ended_with(prepared.store, prepared.request.run_id, since,
+                                     result.returncode)
+    state = "finished" if code == 0 else f"ended with exit {code}"
+    said = "" if code == result.returncode else f" ({launcher.kind} said {result.returncode})"
     console.print(f"burst: run {escape(prepared.request.run_id)} {state} at "
-                  f"{escape(result.where)}")
+                  f"{escape(result.where)}{escape(said)}")
+    return code
+
+
+def run_attach(run_id: str, options: dict, console: Console) -> int:
+    """Tail the run's detached SSH job to its end; its exit code becomes ours."""
+
+    def ssh(url: str) -> SSHLauncher:
+        target = Target.parse(url, options.get("ssh_config"), options.get("identity"),
+                              options.get("known_hosts"))
+        return SSHLauncher(target, accept_new_host=bool(options.get("accept_new_host")))
+
+    report = Reporter(say=lambda m: console.print(f"burst: {escape(m)}"),
+                      output=lambda text: (sys.stdout.write(text), sys.stdout.flush()))
+    result = resume.attach(open_store(str(options["store_url"])), run_id, ssh, report)
+    state = "finished" if result.returncode == 0 else f"ended with exit {result.returncode}"
+    console.print(f"burst: run {escape(run_id)} {state} at {escape(result.where)}")
     return result.returncode
 
 
@@ -179,12 +231,13 @@ def agent_launcher(store_url: str, local_url: str, to: str) -> Callable[[str], i
     """What ``burst run --on-oom burst`` calls: a resume with the defaults, to ``to``."""
 
     def launch(run_id: str) -> int:
-        console = Console(stderr=True)
+        console = make_console(stderr=True)
         options = {"to": to, "store_url": store_url, "local_url": local_url, "cards": (),
                    "region": "any", "infra": (), "counts": (), "nodes": 1, "spot": None,
                    "margin": planner.DEFAULT_MARGIN, "amp": "auto", "micro_batch": None,
                    "node_python": os.environ.get("BURST_NODE_PYTHON"), "burst_spec": None,
-                   "secrets": (), "mode": "jobs", "max_restarts": 3, "config_path": None,
+                   "secrets": (), "mode": "jobs", "config_path": None,
+                   "max_restarts": restarts.DEFAULT_MAX_RESTARTS,
                    "offline": bool(os.environ.get(OFFLINE_ENV))}
         try:
             launcher = make_launcher(to, options)

@@ -8,7 +8,7 @@ import sys
 import click
 
 from burst import events
-from burst.cli.options import json_option, local_option, store_option
+from burst.cli.options import check_target, json_option, local_option, store_option
 from burst.errors import ConfigError
 from burst.store import is_local, open_store
 from burst.supervise.agent import Agent, Outcome, Policy
@@ -28,7 +28,7 @@ def supervision_options(fn):
                      default="burst", show_default=True),
         click.option("--on-killed", type=click.Choice(["restart", "stop"]), default="stop",
                      show_default=True, help="After SIGKILL or a segfault."),
-        click.option("--burst-to", default=None, metavar="TARGET",
+        click.option("--burst-to", default=None, metavar="TARGET", callback=check_target,
                      help="Where the 'burst' policy resumes the run (burst resume --to: "
                           "skypilot, ssh://user@host, local); unset: print the command."),
         click.option("--max-retries", type=click.IntRange(0), default=3, show_default=True),
@@ -88,8 +88,8 @@ def run_command(**options: object) -> None:
 
 @click.command("drill", context_settings={"ignore_unknown_options": True})
 @click.option("--fault", required=True,
-              help="KIND@STEP[:MICRO][/RANK]: oom, oom-optimizer, sticky, kill or term at that "
-                   "step (on one rank only with /RANK).")
+              help="KIND@STEP, optionally with :MICRO and /RANK: oom, oom-optimizer, sticky, kill "
+                   "or term at that step (in micro-batch MICRO; on rank RANK only).")
 @json_option
 @supervision_options
 def drill(fault: str, as_json: bool, **options: object) -> None:

@@ -11,7 +11,7 @@ import json
 import shlex
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -20,12 +20,14 @@ import click
 
 from burst import config as user_config
 from burst import events
-from burst.cli.options import json_option, local_option, store_option
+from burst.cli.options import check_target, json_option, local_option, store_option
 from burst.deadline import policy as rules
 from burst.deadline import scheduler as sched
 from burst.deadline import timers as install_timer
+from burst.deadline.handoff import DEFAULT_WAIT, Handoff
 from burst.deadline.timespec import human, iso, parse_deadline, parse_duration, parse_instant
 from burst.errors import ConfigError
+from burst.preflight.check import for_schedule
 from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
 from burst.store import LocalStore, open_store
@@ -59,9 +61,12 @@ UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 @click.option("--burst-command", default=None, metavar="CMD",
               help="Run this to burst instead of `burst resume`; {run} and {tier} "
                    "(spot or on-demand) are filled in.")
-@click.option("--to", default="skypilot", show_default=True,
+@click.option("--to", default="skypilot", show_default=True, callback=check_target,
               help="Where a burst goes (`burst resume --to`): skypilot, ssh://host, local.")
 @click.option("--no-burst", is_flag=True, help="Back up and advise only; never launch.")
+@click.option("--local-run", type=click.Choice(rules.LOCAL_RUN_MODES), default=rules.LOCAL_STOP,
+              show_default=True, help="After a burst, once the node took over: stop the local "
+                                      "training (SIGTERM) or detach it (it runs on, fenced).")
 @click.option("--dry-run", is_flag=True, help="Show the backups and decision points; act on "
                                               "nothing.")
 @click.option("--once", is_flag=True, help="One tick if one is due, then exit (for timers).")
@@ -76,7 +81,7 @@ def schedule_command(run_id: str, deadline_text: str | None, every_text: str, fl
                      total_steps: int | None, margin_text: str | None,
                      cloud_speedup: float | None, cards: tuple[str, ...],
                      spot_recoveries: int, window_text: str, burst_command: str | None,
-                     to: str, no_burst: bool, dry_run: bool, once: bool, install: bool, timer: str,
+                     to: str, no_burst: bool, local_run: str, dry_run: bool, once: bool, install: bool, timer: str,
                      uninstall: bool, store_url: str, local_url: str, as_json: bool) -> None:
     """Keep RUN_ID backed up until a deadline, and burst to the cloud early if the local run
     will not finish in time (spot while slack remains, on-demand after).
@@ -103,8 +108,8 @@ def schedule_command(run_id: str, deadline_text: str | None, every_text: str, fl
     margin = parse_duration(margin_text, what="--margin") if margin_text else None
     local, remote = _stores(run_id, local_url, store_url)
     history = sched.history_store(local, remote, run_id)
-    policy = _policy(local, run_id, deadline, margin, total_steps, cards, cloud_speedup,
-                     spot_recoveries)
+    policy = replace(_policy(local, run_id, deadline, margin, total_steps, cards,
+                             cloud_speedup, spot_recoveries), local_run=local_run)
     observe = sched.observer(local, history, run_id, total_steps=total_steps, window=window)
     if dry_run:
         _preview(run_id, now, policy, observe(now), every, floor, remote, local, as_json)
@@ -117,8 +122,16 @@ def schedule_command(run_id: str, deadline_text: str | None, every_text: str, fl
         observe, sched.recorder(history, run_id),
         burster=None if no_burst else _burster(burst_command, to, store_url, local_url),
         every=every, floor=floor, say=_say(deadline),
-        flush=lambda: sync.copy_extras(local, remote, run_id))
+        flush=lambda: sync.copy_extras(local, remote, run_id),
+        preflight=for_schedule(store_url, local_url, run_id, to),
+        handoff=None if no_burst else _handoff(remote, run_id, local, once))
     _run(scheduler, history, run_id, once)
+
+
+def _handoff(remote: Store, run_id: str, local: Store, once: bool) -> Handoff:
+    """A timer's tick (``--once``) must not sit waiting for the node: it hands over at once
+    (the local run, fenced by the node's first snapshot, then stops by itself)."""
+    return Handoff(remote, run_id, local=local, wait=timedelta(0) if once else DEFAULT_WAIT)
 
 
 def _stores(run_id: str, local_url: str, store_url: str) -> tuple[Store, Store]:

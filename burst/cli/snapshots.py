@@ -35,8 +35,9 @@ def list_snapshots(run_id: str | None, store_url: str, settings: dict, as_json: 
         return
     if not rows:
         raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")
-    from rich.console import Console
     from rich.table import Table
+
+    from burst.cli.console import make_console
 
     table = Table(title=f"snapshots of {run_id}")
     for column in ("step", "epoch", "time", "size", "new bytes", "reason"):
@@ -44,7 +45,7 @@ def list_snapshots(run_id: str | None, store_url: str, settings: dict, as_json: 
     for row in rows:
         table.add_row(str(row["step"]), str(row["epoch"]), row["time"], human_bytes(row["bytes"]),
                       human_bytes(row["new_bytes"]), row["reason"])
-    Console().print(table)
+    make_console().print(table)
 
 
 def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
@@ -54,8 +55,9 @@ def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
     if not runs:
         click.echo(f"no runs in {where}")
         return
-    from rich.console import Console
     from rich.table import Table
+
+    from burst.cli.console import make_console
 
     table = Table(title=f"runs in {where}")
     for column in ("run", "snapshots", "newest step", "time", "reason"):
@@ -64,7 +66,7 @@ def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
     for run in runs:
         table.add_row(run["run"], str(run["snapshots"]), str(run["newest_step"]), run["time"],
                       run["reason"])
-    Console().print(table)
+    make_console().print(table)
 
 
 @click.command("show")

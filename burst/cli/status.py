@@ -9,9 +9,10 @@ import json
 
 import click
 
+from burst.cli.console import make_console
 from burst.cli.options import json_option, local_option, store_option
 from burst.errors import BurstError
-from burst.resume.status import run_status
+from burst.resume.status import intervals_line, run_status
 from burst.snapshot.catalog import list_runs
 from burst.store import is_local, open_store
 
@@ -21,11 +22,19 @@ from burst.store import is_local, open_store
 @store_option
 @local_option
 @json_option
-def status_command(run_id: str | None, store_url: str, local_url: str, as_json: bool) -> None:
+@click.option("--watch", is_flag=True, help="A live view of RUN_ID: step, samples/s, loss, "
+              "snapshot age, upload backlog, memory, where it runs, the last events.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
+              help="Seconds between --watch updates.")
+@click.option("--once", is_flag=True, help="Print one --watch update and exit.")
+def status_command(run_id: str | None, store_url: str, local_url: str, as_json: bool,
+                   watch: bool, interval: float, once: bool) -> None:
     """Where RUN_ID is (local, a cluster, a host), its last snapshot and age, pending
     uploads, the last failure and the plan in force. Without RUN_ID: the store's runs."""
     store = open_store(store_url)
     if run_id is None:
+        if watch or once:
+            raise click.UsageError("--watch needs a RUN_ID (or $BURST_RUN_ID)")
         _print_runs(store.url, list_runs(store), as_json)
         return
     local = None
@@ -34,6 +43,12 @@ def status_command(run_id: str | None, store_url: str, local_url: str, as_json: 
             local = open_store(local_url)
         except BurstError:
             local = None
+    if watch or once:
+        from burst.cli.watch import watch as live
+        from burst.resume.live import live_view
+
+        live(lambda: live_view(store, run_id, local), interval, once, as_json)
+        return
     status = run_status(store, run_id, local)
     if as_json:
         click.echo(json.dumps(status, indent=1, default=str))
@@ -45,7 +60,6 @@ def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(runs, indent=1))
         return
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -55,11 +69,10 @@ def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
     for run in runs:
         table.add_row(escape(run["run"]), str(run["snapshots"]), str(run["newest_step"]),
                       str(run["time"]), str(run["reason"]))
-    Console().print(table)
+    make_console().print(table)
 
 
 def _print(status: dict) -> None:
-    from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
@@ -78,6 +91,8 @@ def _print(status: dict) -> None:
             f"{_age(age)} ago{'' if snap['in_store'] else ', local only'}"))
     else:
         table.add_row("snapshot", "none")
+    if status.get("intervals"):
+        table.add_row("intervals", escape(intervals_line(status["intervals"])))
     pending = status["pending_uploads"]
     table.add_row("pending uploads", ", ".join(map(str, pending)) if pending else "none")
     failure = status["last_failure"]
@@ -87,7 +102,12 @@ def _print(status: dict) -> None:
     plan = status["plan"]
     table.add_row("plan in force", escape(", ".join(f"{k}={v}" for k, v in plan.items()))
                   if plan else "none")
-    Console().print(table)
+    job = status.get("job")
+    if job:
+        state = (f"ended (exit {job['returncode']})" if job["ended"] else
+                 f"detached: burst resume {status['run']} --attach follows it")
+        table.add_row("ssh job", escape(f"{job['where']} (pid {job['pid']}), {state}"))
+    make_console().print(table)
 
 
 def _age(seconds: float | None) -> str:

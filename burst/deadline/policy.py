@@ -29,10 +29,27 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from burst.deadline.timespec import human, iso
+from burst.errors import ConfigError
 
 STAY, WAIT, BLIND, DONE = "stay", "wait", "blind", "done"
 BURST_SPOT, BURST_ON_DEMAND = "burst-spot", "burst-on-demand"
 ACTIONS = (STAY, WAIT, BLIND, DONE, BURST_SPOT, BURST_ON_DEMAND)
+
+# What becomes of the local training once a burst's node took the run over. Either way the
+# local run is fenced (burst.snapshot.lineage): its snapshots are refused from then on.
+# stop: SIGTERM it, so it stops at a step boundary now instead of training for nothing
+# until its next snapshot is refused; detach: leave it running (a person decides).
+LOCAL_STOP, LOCAL_DETACH = "stop", "detach"
+LOCAL_RUN_MODES = (LOCAL_STOP, LOCAL_DETACH)
+
+
+def local_run_mode(text: str) -> str:
+    """``stop`` or ``detach`` (what ``--local-run`` accepts); anything else is a usage error."""
+    if text not in LOCAL_RUN_MODES:
+        raise ConfigError(f"the local run's fate after a burst is one of "
+                          f"{', '.join(LOCAL_RUN_MODES)}, not {text!r}")
+    return text
+
 
 DEFAULT_WINDOW = timedelta(hours=1)
 STALL_FACTOR = 4.0  # silent for this many typical snapshot gaps: the run has stopped
@@ -197,6 +214,10 @@ class Policy:
     margin: Margin = field(default_factory=Margin)
     cloud: CloudPace = field(default_factory=lambda: CloudPace(None, None))
     spot_recoveries: int = 1  # preemptions the slack must absorb before spot is worth it
+    local_run: str = LOCAL_STOP  # after a burst: stop the local training, or detach it
+
+    def __post_init__(self) -> None:
+        local_run_mode(self.local_run)
 
     @property
     def spot_reserve_s(self) -> float:

@@ -29,6 +29,7 @@ from typing import Any, Protocol
 
 from burst import events
 from burst.deadline import policy as policy_rules
+from burst.deadline.handoff import Handoff
 from burst.deadline.policy import Decision, Policy, Progress
 from burst.deadline.timespec import iso
 from burst.errors import BurstError
@@ -46,7 +47,9 @@ DUE_SLACK = timedelta(seconds=60)  # an installed timer's tick this early still 
 
 START, BACKUP, DECISION, BURST, END = ("schedule-start", "schedule-backup", "schedule-decision",
                                        "schedule-burst", "schedule-end")
-EVENT_NAMES = (START, BACKUP, DECISION, BURST, END)
+HANDOFF = "schedule-handoff"  # the local run stopped or detached after a burst
+PREFLIGHT = "schedule-preflight"  # would a burst work now (burst check), before each backup
+EVENT_NAMES = (START, PREFLIGHT, BACKUP, DECISION, BURST, HANDOFF, END)
 
 Burster = Callable[[str, bool], int]  # (run id, spot) -> exit code; 0: the cloud run launched
 Record = Callable[..., None]  # (event name, /, **fields)
@@ -191,6 +194,11 @@ class Scheduler:
     floor: timedelta = DEFAULT_FLOOR
     say: Say = field(default=lambda _msg: None)
     flush: Callable[[], None] = field(default=lambda: None)  # the history to the store
+    # after a launched burst: stop or detach the local run (policy.local_run); None: only
+    # advise (the lineage fence still refuses the local run's snapshots)
+    handoff: Handoff | None = None
+    # burst.preflight.check.for_schedule: run before each backup, recorded; None: skipped
+    preflight: Callable[[], Mapping[str, Any]] | None = None
 
     @property
     def deadline(self) -> datetime:
@@ -199,6 +207,7 @@ class Scheduler:
     def tick(self) -> Tick:
         """Back up, decide, and burst if the decision says so."""
         now = self.clock.now()
+        self._preflight(now)
         result = self.backup()
         self._record(BACKUP, now, **result.fields())
         self.say(_backup_line(result))
@@ -251,6 +260,7 @@ class Scheduler:
         self.say(f"bursting {self.run_id} to the cloud on {'spot' if spot else 'on-demand'}")
         self._record(BURST, now, spot=spot, state="launching")
         self._flush()
+        before = self._generation_before()
         try:
             code, error = self.burster(self.run_id, spot), None
         except Exception as exc:  # a failed launch is retried at the next tick, not fatal
@@ -262,10 +272,53 @@ class Scheduler:
         if error:
             fields["error"] = error
         self._record(BURST, now, **fields)
-        self.say("the run now continues in the cloud; stop the local training so that only "
-                 "one copy writes snapshots" if code == 0 else
-                 f"burst failed ({error or f'exit code {code}'}); trying again next tick")
+        if code != 0:
+            self.say(f"burst failed ({error or f'exit code {code}'}); trying again next tick")
+        elif self.handoff is None:
+            self.say("the run now continues in the cloud; stop the local training so that only "
+                     "one copy trains (its snapshots are refused once the node takes over)")
+        else:
+            self._hand_over(before)
         return code
+
+    def _preflight(self, now: datetime) -> None:
+        """Check that a burst would work, before the backup a burst may follow: learnt now,
+        not at the burst. Recorded and said, never fatal: a failed check is news, not a
+        reason to skip the backup."""
+        if self.preflight is None:
+            return
+        try:
+            fields = dict(self.preflight())
+        except Exception as error:
+            fields = {"ready": None, "error": f"{type(error).__name__}: {error}"}
+        self._record(PREFLIGHT, now, **fields)
+        if fields.get("ready") is False:
+            names = [str(p.get("name")) for p in fields.get("problems", []) if p.get("required")]
+            self.say(f"preflight: a burst would not work now ({', '.join(names)}): run "
+                     f"`burst check {self.run_id}`")
+
+    def _generation_before(self) -> int | None:
+        if self.handoff is None:
+            return None
+        try:
+            return self.handoff.before()
+        except Exception as error:  # the fence still holds; only the stop is at stake
+            self.say(f"could not read the run's lineage: {error}")
+            return None
+
+    def _hand_over(self, before: int | None) -> None:
+        """Stop or detach the local run once the node took over (policy.local_run)."""
+        assert self.handoff is not None
+        try:
+            result = self.handoff.after(before, self.policy.local_run, self.clock)
+        except Exception as error:  # never fatal: the lineage fence refuses its snapshots
+            self.say(f"the run continues in the cloud; could not {self.policy.local_run} the "
+                     f"local training ({type(error).__name__}: {error})")
+            self._record(HANDOFF, self.clock.now(), mode=self.policy.local_run,
+                         error=f"{type(error).__name__}: {error}")
+            return
+        self.say(f"the run now continues in the cloud: {result.line()}")
+        self._record(HANDOFF, self.clock.now(), **result.fields())
 
     def _flush(self) -> None:
         try:
@@ -377,16 +430,36 @@ def describe(state: Mapping[str, Any]) -> list[str]:
         done = (f"step {backup.get('step')}" if backup.get("ok")
                 else f"failed: {backup.get('error')}")
         lines.append(f"last scheduled backup {backup.get('time')}: {done}")
+    preflight = state.get("preflight")
+    if preflight and preflight.get("ready") is not True:
+        what = preflight.get("error") or ", ".join(
+            str(p.get("name")) for p in preflight.get("problems", []) if p.get("required"))
+        lines.append(f"preflight {preflight.get('time')}: a burst would not work ({what})")
     burst = state.get("burst")
     if burst:
         tier = "spot" if burst.get("spot") else "on-demand"
         why = burst.get("error") or f"exit {burst.get('exit_code')}"
         outcome = "launched" if burst.get("ok") else f"failed ({why})"
         lines.append(f"scheduled burst on {tier} {burst.get('time')}: {outcome}")
+    handoff = state.get("handoff")
+    if handoff:
+        lines.append(f"after the burst {handoff.get('time')}: {_handoff_line(handoff)}")
     end = state.get("end")
     if end and (not decision or str(end.get("time")) >= str(decision.get("time"))):
         lines.append(f"schedule ended {end.get('time')}: {end.get('reason')}")
     return lines
+
+
+def _handoff_line(handoff: Mapping[str, Any]) -> str:
+    if handoff.get("error"):
+        return f"could not {handoff.get('mode')} the local run ({handoff['error']})"
+    if handoff.get("node_generation") is None:
+        return "the node had not taken over; the local run stops once it is fenced"
+    if handoff.get("stopped"):
+        return f"local run stopped (pid {', '.join(map(str, handoff['stopped']))})"
+    if handoff.get("detached"):
+        return f"local run detached, fenced (pid {', '.join(map(str, handoff['detached']))})"
+    return "no local run was left to stop"
 
 
 def margin_for(manifest: Mapping[str, Any] | None, override: timedelta | None = None

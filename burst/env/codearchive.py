@@ -6,10 +6,23 @@ ignore. The commit, branch and remote (credentials stripped) and the uncommitted
 recorded beside it, for people; the archive alone restores the code, so the new node
 needs no access to the repository. Outside a repository the directory itself is archived.
 
+Outside a repository the directory is listed by ``git`` too (with a throwaway git
+directory), so every ``.gitignore`` applies as it would in a repository; without ``git``
+installed the directory is walked instead.
+
 Never captured: anything under ``.git/``, secret files by name (``.env``, ``*.pem``,
 ``id_*``, ``.netrc`` ... see :mod:`burst.redact`), any file holding a PEM private key,
-virtual environments, caches and the local store. ``.burstignore`` (gitignore-like
-patterns, one a line) excludes more.
+virtual environments, caches, and every burst store or local tier in the tree (this
+run's, named by the caller, and any other run's, recognised by its layout: a run
+directory holds two of ``events.jsonl``, ``snapshots/<step>.json``, ``blobs/<xx>/<hash>``,
+``code/<hash>.tar.gz``, ``env/lock-<hash>.json``, ``uploads/``). Otherwise a project run
+from a folder holding earlier runs' stores archives them, archives included, and grows
+with every run until it hits the cap. ``.burstignore`` (gitignore-like patterns, one a
+line) excludes more.
+
+Every ``git`` call goes through :mod:`burst.env.spawn`, which holds no pipe a concurrent
+``fork`` (a DataLoader worker) could inherit: a capture in a background thread of a
+training process cannot hang.
 
 The tar is deterministic (sorted members, fixed mtime, uid 0, no user names), so its
 SHA-256 names it and an unchanged tree is never uploaded twice: ``<run>/code/<hash>.tar.gz``.
@@ -23,14 +36,16 @@ import hashlib
 import io
 import json
 import os
+import re
 import stat
-import subprocess
 import tarfile
+import tempfile
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from burst.env import spawn
 from burst.env.redact import holds_private_key, is_secret_path, scrub_text, strip_url
 from burst.errors import BurstError, ConfigError, SnapshotError
 from burst.store.base import Store
@@ -82,9 +97,11 @@ def capture(start: Path | str | None = None, *, max_bytes: int | None = None,
     root = Path(top).resolve() if top else start
     _refuse_home(root)
     excluded = [Path(p).resolve() for p in exclude]
-    candidates = _git_files(root) if top else _walk(root)
-    ignore = _burstignore(root)
-    files, skipped = _select(root, candidates, excluded, ignore)
+    candidates = _git_files(root) if top else _listed(root)
+    stores = _store_dirs(candidates)
+    excluded += [root / d for d in stores]
+    files, skipped = _select(root, candidates, excluded, _burstignore(root))
+    skipped += [{"path": f"{d}/", "reason": "a burst store (not archived)"} for d in stores]
     _check_size(root, files, cap)
     tar, size = _tar(root, files, skipped)
     digest = hashlib.sha256(tar).hexdigest()
@@ -115,23 +132,86 @@ def _refuse_home(root: Path) -> None:
 
 # -- choosing files ----------------------------------------------------------------------
 
+GIT_TIMEOUT = 60.0  # seconds for one git command; a hung git costs the code, never the run
+
+
 def _git(cwd: Path, *args: str) -> str | None:
+    done = _run_git(["-C", str(cwd), *args])
+    return done.stdout.decode("utf-8", "surrogateescape").strip() if done and done.ok else None
+
+
+def _run_git(args: list[str], timeout: float = GIT_TIMEOUT) -> spawn.Done | None:
+    """``git`` through :mod:`spawn` (fork-safe); None when git is not installed."""
     try:
-        done = subprocess.run(["git", "-C", str(cwd), *args], capture_output=True, text=True,
-                              timeout=60, check=False)
-    except (OSError, subprocess.TimeoutExpired):
+        return spawn.run(["git", *args], timeout=timeout,
+                         env={**os.environ, "GIT_TERMINAL_PROMPT": "0"})
+    except OSError:
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
 
 
-def _git_files(root: Path) -> list[str]:
+# what git need not even list: the directories the selection drops anyway
+_LIST_EXCLUDES = [f"--exclude={name}/" for name in sorted(_SKIP_DIRS)]
+
+
+def _git_files(root: Path, git_dir: Path | None = None) -> list[str]:
     """Tracked and untracked-not-ignored paths, as git sees them (no ``.git/``)."""
-    done = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
-                           "--exclude-standard"], capture_output=True, timeout=120, check=False)
-    if done.returncode != 0:
-        raise BurstError(f"git ls-files failed in {root}: "
-                         f"{scrub_text(done.stderr.decode(errors='replace').strip())}")
+    where = ["--git-dir", str(git_dir), "--work-tree", str(root)] if git_dir else ["-C", str(root)]
+    done = _run_git([*where, "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                     *_LIST_EXCLUDES], timeout=2 * GIT_TIMEOUT)
+    if done is None or not done.ok:
+        detail = done.stderr.decode(errors="replace").strip() if done else "git is not installed"
+        if done is not None and done.returncode is None:
+            detail = f"timed out after {2 * GIT_TIMEOUT:.0f} s"
+        raise BurstError(f"git ls-files failed in {root}: {scrub_text(detail)}")
     return sorted({p for p in done.stdout.decode("utf-8", "surrogateescape").split("\0") if p})
+
+
+def _listed(root: Path) -> list[str]:
+    """A directory outside any repository, listed as git would list it in one (so its
+    ``.gitignore`` files apply); walked plainly when git is not installed or fails."""
+    with tempfile.TemporaryDirectory(prefix="burst-gitdir-") as scratch:
+        init = _run_git(["init", "-q", scratch])
+        if init is not None and init.ok:
+            try:
+                return _git_files(root, Path(scratch) / ".git")
+            except BurstError:
+                pass
+    return sorted(_walk(root))
+
+
+_HEX = "[0-9a-f]"
+_MARKERS = {  # what each file of a burst run directory looks like, from that directory
+    "events": re.compile(r"events\.jsonl"),
+    "snapshots": re.compile(r"snapshots/\d+\.json"),
+    "blobs": re.compile(rf"blobs/({_HEX}{{2}})/\1{_HEX}{{14,}}"),
+    "code": re.compile(rf"code/(latest\.json|{_HEX}{{16,}}\.(tar\.gz|patch))"),
+    "env": re.compile(rf"env/(lockfile\.json|(lock|wheelhouse)-{_HEX}{{16,}}\.json)"),
+    "uploads": re.compile(r"uploads/\.?\d+\.json.*"),
+}
+_MARKER_DEPTH = {"events": 1, "blobs": 3}  # path components below the run directory
+_WHEEL = re.compile(rf"wheels/{_HEX}{{16,}}/[^/]+\.whl")  # a store's shared wheelhouse
+_MAYBE = re.compile(r"(^|/)(events\.jsonl|snapshots|blobs|code|env|uploads|wheels)(/|$)")
+
+
+def _store_dirs(candidates: Iterable[str]) -> list[str]:
+    """The burst run directories (and shared wheelhouses) among ``candidates``' folders,
+    by layout: a folder holding files of two kinds a run directory holds. Never the
+    project root itself, and only the outermost of nested ones."""
+    kinds: dict[str, set[str]] = {}
+    found: set[str] = set()
+    for rel in candidates:
+        if not _MAYBE.search(rel):  # the cheap test first: most files are nothing of a store
+            continue
+        parts = rel.split("/")
+        for kind, pattern in _MARKERS.items():
+            depth = _MARKER_DEPTH.get(kind, 2)
+            if len(parts) > depth and pattern.fullmatch("/".join(parts[-depth:])):
+                kinds.setdefault("/".join(parts[:-depth]), set()).add(kind)
+        if len(parts) >= 3 and _WHEEL.fullmatch("/".join(parts[-3:])):
+            found.add("/".join(parts[:-2]))
+    found |= {folder for folder, seen in kinds.items() if len(seen) >= 2}
+    outer = sorted(found)
+    return [d for d in outer if not any(d.startswith(o + "/") for o in outer)]
 
 
 def _walk(root: Path) -> Iterator[str]:
@@ -299,9 +379,9 @@ def _diff(root: Path, files: list[str]) -> bytes:
         p and not is_secret_path(p) and not (root / p).exists()))  # deleted files too
     if not keep:
         return b""
-    done = subprocess.run(["git", "-C", str(root), "diff", "HEAD", "--binary", "--", *keep],
-                          capture_output=True, timeout=120, check=False)
-    return done.stdout if done.returncode == 0 else b""
+    done = _run_git(["-C", str(root), "diff", "HEAD", "--binary", "--", *keep],
+                    timeout=2 * GIT_TIMEOUT)
+    return done.stdout if done and done.ok else b""
 
 
 # -- the store ---------------------------------------------------------------------------

@@ -1,9 +1,15 @@
 """Freezing a run: its lockfile and its code archive into the run's ``env/`` and ``code/``.
 
-``burst freeze`` calls :func:`freeze`; a :class:`burst.Run` calls :func:`freeze_run` when it
-takes its first snapshot, so every snapshot manifest can name the environment and code it
-was taken with. For a training run this is a side job that must never stop training: any
-failure becomes a warning and a ``freeze-failed`` event, and the manifest records ``None``.
+``burst freeze`` calls :func:`freeze`; a :class:`burst.Run` starts :func:`prefetch` at
+``attach`` and asks :func:`freeze_run` with a bounded ``wait`` at each snapshot, so every
+snapshot manifest can name the environment and code it was taken with. For a training run
+this is a side job that must never stop training: any failure becomes a warning and a
+``freeze-failed`` event, and the manifest records ``None``. A freeze still running when the
+wait runs out (a hung ``git``, a huge tree) is recorded as pending in that manifest: the
+snapshot goes ahead, and later ones name the record once it exists (a resume without one
+in its manifest takes the run's newest frozen lockfile and code, see :func:`load_frozen`).
+The capture runs ``git`` in a background thread while DataLoader workers may ``fork``:
+:mod:`burst.env.spawn` makes that safe (no pipe a forked worker could inherit).
 
 The work is done once per process for a run (and the lockfile once per process at all),
 so later snapshots pay a dictionary lookup. Only the local work (metadata, git, tar) runs
@@ -49,6 +55,7 @@ class FreezeResult:
     code_new: bool = False
     problems: list[str] = field(default_factory=list)
     wheelhouse: wheelhouse.Uploaded | None = None  # None: not built (off, or already there)
+    pending: bool = False  # the freeze had not finished when the snapshot was taken
 
 
 def freeze(store: Store, run_id: str, *, code_dir: Path | str | None = None,
@@ -65,7 +72,7 @@ def freeze(store: Store, run_id: str, *, code_dir: Path | str | None = None,
     result = FreezeResult(digest, None, lockfile_new=not known)
     if code:
         captured = codearchive.capture(root, max_bytes=max_code_bytes,
-                                       exclude=_local_store_root(store))
+                                       exclude=_store_roots(store))
         result.code_ref, result.code_new = codearchive.upload(store, run_id, captured)
     if wheels is not None:
         result.wheelhouse = wheelhouse.ensure(store, run_id, lock, wheels, say=say)
@@ -90,10 +97,11 @@ def default_code_dir() -> Path:
     return cwd
 
 
-def _local_store_root(store: Store) -> list[Path]:
-    """A store on local disk may sit inside the project (``./.burst``): never archive it."""
-    root = getattr(store, "root", None)
-    return [Path(root)] if isinstance(root, str | os.PathLike) else []
+def _store_roots(*stores: Store | None) -> list[Path]:
+    """A store or local tier on local disk may sit inside the project (``./.burst``,
+    ``./runs``): never archive it (other stores are found by their layout)."""
+    roots = [getattr(store, "root", None) for store in stores]
+    return [Path(root) for root in roots if isinstance(root, str | os.PathLike)]
 
 
 # -- the automatic freeze of a Run -------------------------------------------------------
@@ -104,17 +112,27 @@ _GUARD = threading.Lock()
 _LOCKFILE: list[lockfile.Lockfile] = []
 _UPLOADS: list[threading.Thread] = []
 _EXIT_WAIT: list[bool] = []  # holds True once wait_uploads is registered with atexit
+_DONE: dict[tuple[str, str], threading.Event] = {}  # set once _CACHE holds the run
+_GAVE_UP: set[tuple[str, str]] = set()  # runs whose bounded wait has run out once
 EXIT_WAIT_SECONDS = 120.0
+SNAPSHOT_WAIT_SECONDS = 30.0  # what a run's first snapshot waits for its freeze, at most
 
 
-def freeze_run(store: Store, run_id: str) -> FreezeResult:
+def freeze_run(store: Store, run_id: str, *, local: Store | None = None,
+               wait: float | None = None) -> FreezeResult:
     """The run's frozen environment and code, frozen on the first call; never raises.
 
-    Thread-safe: a call while another is freezing waits for it, so :func:`prefetch` in
-    the background and the first snapshot in the training loop do the work once. The
-    uploads run in a daemon thread after the hashes are known; a failed upload is a
+    ``wait=None``: freeze here if no one has, and block until done. Thread-safe: a call
+    while another is freezing waits for it, so the work is done once. ``wait=seconds``
+    (a snapshot): never block longer; the freeze runs in :func:`prefetch`'s thread, and
+    if it has not finished in time the result is ``pending`` (no lockfile, no code).
+    After one such timeout later calls do not wait at all until the freeze is done.
+    ``local``: the run's local tier, kept out of the code archive like the store.
+    The uploads run in a daemon thread after the hashes are known; a failed upload is a
     warning and a ``freeze-failed`` event, like a failed freeze.
     """
+    if wait is not None:
+        return _bounded(store, run_id, local, wait)
     cache_key = (store.url, run_id)
     with _GUARD:
         if cache_key in _CACHE:
@@ -122,15 +140,47 @@ def freeze_run(store: Store, run_id: str) -> FreezeResult:
         lock = _LOCKS.setdefault(cache_key, threading.Lock())
     with lock:
         if cache_key not in _CACHE:
-            _CACHE[cache_key] = _freeze_quietly(store, run_id)
+            result = _freeze_quietly(store, run_id, local)
+            with _GUARD:
+                _CACHE[cache_key] = result
+                _DONE.setdefault(cache_key, threading.Event()).set()
         return _CACHE[cache_key]
 
 
-def prefetch(store: Store, run_id: str) -> None:
-    """Start :func:`freeze_run` in a daemon thread, so the first snapshot need not wait."""
+def prefetch(store: Store, run_id: str, *, local: Store | None = None) -> None:
+    """Start :func:`freeze_run` in a daemon thread (once), so no snapshot waits long."""
     if _mode() != "off":
-        threading.Thread(target=freeze_run, args=(store, run_id), daemon=True,
-                         name="burst-freeze").start()
+        _start(store, run_id, local)
+
+
+def _start(store: Store, run_id: str, local: Store | None) -> threading.Event:
+    """The event set when the run's freeze is done; starts the freeze thread if none has."""
+    cache_key = (store.url, run_id)
+    with _GUARD:
+        done = _DONE.get(cache_key)
+        if done is not None:
+            return done
+        done = _DONE[cache_key] = threading.Event()
+        if cache_key in _CACHE:
+            done.set()
+            return done
+    threading.Thread(target=freeze_run, args=(store, run_id), kwargs={"local": local},
+                     daemon=True, name="burst-freeze").start()
+    return done
+
+
+def _bounded(store: Store, run_id: str, local: Store | None, wait: float) -> FreezeResult:
+    if _mode() == "off":
+        return FreezeResult(None, None)
+    cache_key = (store.url, run_id)
+    done = _start(store, run_id, local)
+    with _GUARD:
+        patience = 0.0 if cache_key in _GAVE_UP else max(wait, 0.0)
+    if not done.wait(patience):
+        with _GUARD:
+            _GAVE_UP.add(cache_key)
+        return FreezeResult(None, None, pending=True)
+    return _CACHE.get(cache_key) or FreezeResult(None, None, pending=True)  # reset meanwhile
 
 
 def _mode() -> str:
@@ -140,7 +190,7 @@ def _mode() -> str:
     return "env" if value in ("env", "lockfile") else "all"
 
 
-def _freeze_quietly(store: Store, run_id: str) -> FreezeResult:
+def _freeze_quietly(store: Store, run_id: str, local: Store | None = None) -> FreezeResult:
     """Compute here (local work: metadata, git, tar), upload in the background: the
     training thread waits for the hashes its manifest names, never for a slow store."""
     mode = _mode()
@@ -156,7 +206,7 @@ def _freeze_quietly(store: Store, run_id: str) -> FreezeResult:
     captured = None
     if mode == "all":
         try:
-            captured = codearchive.capture(default_code_dir(), exclude=_local_store_root(store))
+            captured = codearchive.capture(default_code_dir(), exclude=_store_roots(store, local))
             result.code_ref = captured.ref()
         except Exception as error:
             _failed(store, run_id, "code", error, result)
@@ -237,6 +287,8 @@ def reset_cache() -> None:
         _CACHE.clear()
         _LOCKS.clear()
         _LOCKFILE.clear()
+        _DONE.clear()
+        _GAVE_UP.clear()
 
 
 # -- reading a frozen run back -----------------------------------------------------------

@@ -13,11 +13,12 @@ import contextlib
 import platform
 import re
 import shutil
-import subprocess
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
+
+from burst.env import spawn
 
 
 @dataclass(frozen=True)
@@ -142,10 +143,9 @@ def _nvidia_on_pci() -> bool:
     lspci = shutil.which("lspci")
     if not lspci:
         return False
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        done = subprocess.run([lspci, "-n"], capture_output=True, text=True, timeout=20,
-                              check=False)
-        return bool(re.search(r"\b03[0-9a-f]{2}: 10de:", done.stdout))
+    with contextlib.suppress(OSError):  # spawn: may run in the freeze thread (see spawn)
+        done = spawn.run([lspci, "-n"], timeout=20)
+        return bool(re.search(rb"\b03[0-9a-f]{2}: 10de:", done.stdout))
     return False
 
 

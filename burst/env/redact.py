@@ -13,7 +13,6 @@ from __future__ import annotations
 import fnmatch
 import re
 from pathlib import PurePosixPath
-from urllib.parse import urlsplit, urlunsplit
 
 # File names (matched against the last path component, case-insensitively) that hold
 # credentials by convention. A file matching any of these is never put in a code archive.
@@ -34,28 +33,41 @@ SECRET_DIRS = (".git", ".ssh", ".gnupg", ".aws", ".azure", ".kube", ".docker", "
 # text, so code that parses keys is still archived.
 _PRIVATE_KEY = re.compile(rb"-----BEGIN ([A-Z0-9 ]*)PRIVATE KEY( BLOCK)?-----\r?\n"
                           rb"[A-Za-z0-9+/=:,\- \r\n]{16,}?-----END \1PRIVATE KEY")
-_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
+_SCHEME = r"[A-Za-z][A-Za-z0-9+.-]*"
+# A URL in prose: a scheme, a colon and at least one slash (so "http:/user:pw@host", a
+# malformed URL, is one too), up to whitespace or a quote, bracket or backtick around it.
+_URL_IN_TEXT = re.compile(rf"(?<![A-Za-z0-9+.-]){_SCHEME}:/+[^\s'\"<>`]+")
+_URL_SHAPE = re.compile(rf"^({_SCHEME}):(/+)([^/?#]*)([^?#]*)")
+# "user:password@" outside a URL ("user:pw@host:1", "http:user:pw@host"): the run of
+# characters before the "@", from its start to its first colon, is all that is kept.
+_USERINFO = re.compile(r"(?<![^\s'\"<>`/@=,;(\[{])([^\s'\"<>`/@:]+):[^\s'\"<>`/@]*@")
+# Query-string or "name=value" secrets: presigned-URL signatures, tokens, passwords.
+_SECRET_PARAM = re.compile(
+    r"(?i)(?<![\w.-])([\w.-]*(?:signature|token|passw(?:or)?d|secret|credentials?|"
+    r"api[_-]?key|access[_-]?key|private[_-]?key|security[_-]?token)|sig|pwd|auth)"
+    r"=(?!\*\*\*)[^\s&'\"<>`;,)]+")
+_KEEP_USER = r"\1@"
+_PLACEHOLDER = re.compile(r"^\[[A-Za-z_-]*$")  # "[user" of "[user@]host", in usage texts
+_TRAILING = ".,;:!?"
+_CLOSERS = {")": "(", "]": "[", "}": "{"}
 
 
 def strip_url(url: str) -> str:
     """``url`` without user info, query or fragment: safe to record, still usable as an
-    index or remote address (the new node brings its own credentials)."""
+    index or remote address (the new node brings its own credentials).
+
+    Text, not a parser, does the work, so a malformed URL (``http://[::1``, a port of
+    99999, ``http:/user:pw@host``) loses its secrets and keeps everything else as typed:
+    the user recognises what they wrote in an error message."""
     url = url.strip()
-    try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<unparseable url>"
-    if not parts.scheme or not parts.netloc:
-        return _strip_scp_like(url)
-    host = parts.hostname or ""
-    if ":" in host:
-        host = f"[{host}]"
-    try:
-        port = parts.port
-    except ValueError:
-        port = None
-    netloc = f"{host}:{port}" if port else host
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+    match = _URL_SHAPE.match(url)
+    if not match:
+        return _USERINFO.sub(_KEEP_USER, _strip_scp_like(url))
+    scheme, slashes, authority, path = match.groups()
+    user, at, host = authority.rpartition("@")
+    if at and _PLACEHOLDER.match(user) and host.startswith("]"):
+        host = authority  # "ssh://[user@]host[:port]" in a help text: nothing to hide
+    return f"{scheme}:{slashes}{host}{_USERINFO.sub(_KEEP_USER, path)}"
 
 
 def _strip_scp_like(url: str) -> str:
@@ -67,8 +79,22 @@ def _strip_scp_like(url: str) -> str:
 
 
 def scrub_text(text: str) -> str:
-    """Every URL inside ``text`` stripped: for error messages that may quote a remote."""
-    return _URL_IN_TEXT.sub(lambda m: strip_url(m.group(0)), text)
+    """``text`` with every URL stripped (:func:`strip_url`), every other ``user:pw@`` cut
+    to ``user@`` and every secret-named parameter (``X-Amz-Signature=``, ``token=``,
+    ``password=``...) masked: for messages, logs and echoed command lines."""
+    text = _URL_IN_TEXT.sub(_strip_in_text, text)
+    text = _USERINFO.sub(_KEEP_USER, text)
+    return _SECRET_PARAM.sub(r"\1=***", text)
+
+
+def _strip_in_text(match: re.Match[str]) -> str:
+    """One URL found in prose, less the punctuation that ends its sentence or bracket."""
+    url = match.group(0)
+    tail = ""
+    while url and (url[-1] in _TRAILING or
+                   (url[-1] in _CLOSERS and url.count(url[-1]) > url.count(_CLOSERS[url[-1]]))):
+        url, tail = url[:-1], url[-1] + tail
+    return strip_url(url) + tail
 
 
 def is_secret_path(relpath: str) -> bool:

@@ -10,17 +10,27 @@ Sources: PyTorch's release matrix (RELEASE.md, "PyTorch CUDA support matrix") an
 release notes: CUDA 12.8/12.9 builds dropped Maxwell/Pascal in 2.8 and Volta in 2.11;
 Blackwell needs CUDA 12.8 or newer. Hopper runs on cu118 builds, but burst asks for 12.x:
 the 11.8 builds lack Hopper's FP8 and fast attention kernels.
+
+The table ends somewhere (``RELEASES``); a torch release after its end is planned with the
+newest row, which is a guess. So a caller that can reach a package index or the store's
+wheelhouse passes a ``probe`` (:mod:`burst.env.wheelprobe`): each build is confirmed to
+exist there before it is chosen, best first, and a build the index does not have is never
+committed to. A probe that cannot tell (index unreachable) leaves the table's choice,
+and the reason says it is unconfirmed.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from burst.env.machine import parse_version
 from burst.errors import ConfigError
 
 Version = tuple[int, int]
+# (torch version, build variant) -> True: published; False: not there; None: cannot tell
+Probe = Callable[[str, str], bool | None]
 
 
 @dataclass(frozen=True)
@@ -126,8 +136,18 @@ def runs_on(archs: tuple[Version, ...], capability: Version) -> bool:
     return any(a[0] == capability[0] and a[1] <= capability[1] for a in archs)
 
 
-def choose(torch_version: str, recorded: str, target: Target) -> Choice:
-    """The torch build variant to install on ``target`` for a lockfile's torch."""
+def in_table(torch_version: str) -> bool:
+    """Whether the table has a row for this torch release (else the newest row is a guess)."""
+    return parse_version(torch_version)[:2] in RELEASES
+
+
+def choose(torch_version: str, recorded: str, target: Target, probe: Probe | None = None
+           ) -> Choice:
+    """The torch build variant to install on ``target`` for a lockfile's torch.
+
+    With ``probe``, every CUDA build is confirmed published before it is chosen (best
+    first); a release after the table's end is never assumed to match the newest row.
+    """
     if target.kind == "cpu":
         return Choice("cpu", "a CPU build was asked for")
     if target.kind == "none":
@@ -136,19 +156,47 @@ def choose(torch_version: str, recorded: str, target: Target) -> Choice:
         return _choose_rocm(torch_version, recorded)
     builds = release(torch_version)
     if target.cuda is not None:
-        return _forced(torch_version, builds, target.cuda)
-    return _choose_cuda(torch_version, recorded, builds, target)
+        ranked = [_forced(torch_version, builds, target.cuda)]
+    else:
+        ranked = _ranked_cuda(torch_version, recorded, builds, target)
+    return _confirmed(torch_version, ranked, probe)
+
+
+def _confirmed(torch_version: str, ranked: list[Choice], probe: Probe | None) -> Choice:
+    """The first of ``ranked`` the probe finds; the table's first when it cannot tell."""
+    guess = "" if in_table(torch_version) else (
+        f" (torch {torch_version} is newer than burst's table: assumed to match torch "
+        f"{'.'.join(map(str, max(RELEASES)))}'s builds)")
+    if probe is None:
+        return replace(ranked[0], reason=ranked[0].reason + guess)
+    missing, unknown = [], []
+    for choice in ranked:
+        found = probe(torch_version, choice.variant)
+        if found:
+            return replace(choice, reason=f"{choice.reason}; torch {torch_version}+"
+                                          f"{choice.variant} is published")
+        (unknown if found is None else missing).append(choice.variant)
+    if unknown:
+        first = next(c for c in ranked if c.variant in unknown)
+        return replace(first, reason=f"{first.reason}{guess}; unconfirmed: the index could "
+                                     "not be asked" + (f" ({', '.join(missing)} not published)"
+                                                       if missing else ""))
+    raise ConfigError(f"torch {torch_version} has no published {' / '.join(missing)} build "
+                      "(checked the package index and wheelhouse): pin a torch release "
+                      "that has one, or give --cuda X.Y for a build that exists")
 
 
 def _forced(torch_version: str, builds: dict, cuda: Version) -> Choice:
     variant = f"cu{cuda[0]}{cuda[1]}"
-    if variant not in builds:
+    if variant not in builds and in_table(torch_version):
         raise ConfigError(f"torch {torch_version} has no {variant} build; it has "
                           f"{', '.join(builds)}")
     return Choice(variant, f"CUDA {cuda[0]}.{cuda[1]} was asked for")
 
 
-def _choose_cuda(torch_version: str, recorded: str, builds: dict, target: Target) -> Choice:
+def _ranked_cuda(torch_version: str, recorded: str, builds: dict, target: Target
+                 ) -> list[Choice]:
+    """Every build that serves the card, best first (the recorded one if it serves)."""
     capability = target.capability
     if capability is None:
         raise ConfigError(f"cannot tell which CUDA build {target.name or 'this GPU'} needs: "
@@ -156,24 +204,26 @@ def _choose_cuda(torch_version: str, recorded: str, builds: dict, target: Target
     floor = min_cuda(capability)
     fits = [v for v, archs in builds.items()
             if runs_on(archs, capability) and (cuda_of(v) or (0, 0)) >= floor]
+    newest_first = sorted(fits, key=lambda v: cuda_of(v) or (0, 0), reverse=True)
     if target.driver_cuda is not None:
-        fits = [v for v in fits if (cuda_of(v) or (0, 0))[0] <= target.driver_cuda[0]]
+        fits = [v for v in newest_first if (cuda_of(v) or (0, 0))[0] <= target.driver_cuda[0]]
         # same-major builds newer than the driver run (minor version compatibility), but
         # one the driver fully supports is preferred, else the one closest to the driver
         within = [v for v in fits if (cuda_of(v) or (0, 0)) <= target.driver_cuda]
-        fits = within or sorted(fits, key=lambda v: cuda_of(v) or (0, 0))[:1]
+        fits = within + sorted(set(fits) - set(within), key=lambda v: cuda_of(v) or (0, 0))
     else:  # driver unknown: CUDA 12 builds run on every driver since 525, CUDA 13 needs 580
-        fits = [v for v in fits if (cuda_of(v) or (0, 0))[0] <= 12] or fits
+        fits = [v for v in newest_first if (cuda_of(v) or (0, 0))[0] <= 12] or newest_first
     card = f"{target.name or 'the GPU'} (sm_{capability[0]}{capability[1]})"
     if not fits:
         raise ConfigError(f"torch {torch_version} has no CUDA build for {card} with CUDA >= "
                           f"{floor[0]}.{floor[1]}{_driver_note(target)}: upgrade torch in "
                           f"the run's environment, or give --cuda X.Y to override")
+    ranked = [Choice(v, f"{recorded} cannot serve {card}; {v} is the newest build that "
+                        f"can{_driver_note(target)}") for v in fits]
     if recorded in fits:
-        return Choice(recorded, f"the recorded {recorded} build runs on {card}")
-    best = max(fits, key=lambda v: cuda_of(v) or (0, 0))
-    return Choice(best, f"{recorded} cannot serve {card}; {best} is the newest build that "
-                        f"can{_driver_note(target)}")
+        ranked = [Choice(recorded, f"the recorded {recorded} build runs on {card}"),
+                  *(c for c in ranked if c.variant != recorded)]
+    return ranked
 
 
 def _driver_note(target: Target) -> str:

@@ -36,7 +36,6 @@ import os
 import re
 import shutil
 import socket
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -52,7 +51,7 @@ from packaging import tags as wheeltags
 from packaging.utils import InvalidWheelFilename, parse_wheel_filename
 from packaging.version import InvalidVersion, Version
 
-from burst.env import lockfile, pkgindex, torchvariant
+from burst.env import lockfile, pkgindex, spawn, torchvariant
 from burst.env.lockfile import TORCH_FAMILY, Lockfile, Package
 from burst.env.redact import strip_url
 from burst.errors import BurstError, ConfigError
@@ -60,6 +59,8 @@ from burst.store.base import Store, check_key
 
 FORMAT = 1
 POLICIES = ("all", "no-torch", "none")
+# pip downloads torch with its CUDA libraries (3-4 GB) on a slow link: generous, not endless
+PIP_TIMEOUT = 3 * 3600.0
 POLICY_ENV = "BURST_WHEELS"  # the default policy: all | no-torch | none
 MACHINE_ENV = "BURST_WHEELS_MACHINE"  # x86_64 | aarch64
 TORCH_VARIANT_ENV = "BURST_WHEELS_TORCH"  # the torch build to store: cpu, cu128, ...
@@ -290,9 +291,8 @@ def _uv_version() -> str | None:
     uv = shutil.which("uv")
     if not uv:
         return None
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        done = subprocess.run([uv, "--version"], capture_output=True, text=True, timeout=30,
-                              check=False)
+    with contextlib.suppress(OSError):
+        done = _run([uv, "--version"], timeout=30)
         match = re.search(r"\b(\d+\.\d+\.\d+)\b", done.stdout)
         return match.group(1) if match else None
     return None
@@ -503,7 +503,7 @@ def _pip_download(pins: list[Pin], target: Target, root: Path, deps: bool,
         if constraints and deps:
             (Path(tmp) / "constraints.txt").write_text("".join(f"{c}\n" for c in constraints))
             command += ["-c", str(Path(tmp) / "constraints.txt")]
-        done = subprocess.run(_flatten(command), capture_output=True, text=True, check=False)
+        done = _run(_flatten(command), timeout=PIP_TIMEOUT)
         if done.returncode != 0:
             return False, done.stdout + done.stderr, []
         saved = []
@@ -535,6 +535,27 @@ def _bundled() -> list[Path]:
         return []
     bundled = Path(ensurepip.__file__).parent / "_bundled"
     return [bundled] if bundled.is_dir() else []
+
+
+@dataclass(frozen=True)
+class _Ran:
+    """A helper program's end as the wheelhouse reads it (text, a timeout as a failure)."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def _run(argv: list[str], *, timeout: float, env: dict[str, str] | None = None) -> _Ran:
+    """Run pip (or uv) through :mod:`burst.env.spawn`: the wheelhouse is built in the
+    freeze thread of a training process whose DataLoader may fork at any moment, and a
+    ``subprocess`` pipe inherited by a forked worker would hang this thread for good."""
+    done = spawn.run(argv, timeout=timeout, env=env)
+    stderr = done.stderr.decode(errors="replace")
+    if done.returncode is None:
+        stderr += f"\n{argv[0]} did not finish within {timeout:.0f} s"
+    return _Ran(-1 if done.returncode is None else done.returncode,
+                done.stdout.decode(errors="replace"), stderr)
 
 
 def _pip_command() -> list[str]:
@@ -605,8 +626,8 @@ def _pip_wheel(requirement: str, root: Path, say: Say, isolated: bool = True) ->
         with tempfile.TemporaryDirectory(prefix="wheel-", dir=root) as tmp:
             command = [*_pip_command(), "wheel", "--no-deps", "--wheel-dir", tmp,
                        *isolation, requirement]
-            done = subprocess.run(command, capture_output=True, text=True, check=False,
-                                  env={**os.environ, "SOURCE_DATE_EPOCH": _EPOCH})
+            done = _run(command, timeout=PIP_TIMEOUT,
+                        env={**os.environ, "SOURCE_DATE_EPOCH": _EPOCH})
             made = sorted(Path(tmp).glob("*.whl"))
             if done.returncode == 0 and made:
                 return _keep(made[0], out)
@@ -674,8 +695,7 @@ def _offline(say: Say) -> str | None:
     """Why pip here can reach no package index (None: it may): ``no-index`` configured, or
     every configured index refusing or not resolving. One probe instead of a timeout per
     pin; behind a proxy the probe cannot tell, and pip's own failures decide."""
-    done = subprocess.run([*_pip_command(), "config", "list"], capture_output=True, text=True,
-                          timeout=60, check=False)
+    done = _run([*_pip_command(), "config", "list"], timeout=60)
     config: dict[str, str] = {}
     for line in done.stdout.splitlines():
         key, _, value = line.partition("=")

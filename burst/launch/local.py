@@ -6,8 +6,22 @@ envs and secrets in the environment, and SkyPilot's variables (``SKYPILOT_TASK_I
 across recoveries, ``SKYPILOT_NODE_RANK``, ``SKYPILOT_NUM_NODES``, ``SKYPILOT_NODE_IPS``,
 ``SKYPILOT_NUM_GPUS_PER_NODE``). Candidates are tried in the task's ``resources.ordered``
 order. For tests and drills it can refuse the first K candidates for capacity, and preempt
-the job at optimizer step N (SIGTERM, as a cloud's preemption notice, or SIGKILL), after
-which it recovers like ``EAGER_NEXT_REGION``: a new node on the next candidate.
+the job at optimizer step N (SIGTERM, as a cloud's preemption notice, or SIGKILL).
+
+Recovery follows SkyPilot 0.14.1's managed-job controller (``sky/jobs/controller.py``,
+``StrategyExecutor.should_restart_on_failure`` in ``sky/jobs/recovery_strategy.py``):
+
+- a preemption is always recovered, and counts against nothing;
+- a failed job (its run, or its setup) is recovered when any node's exit code is in
+  ``recover_on_exit_codes``, without counting; otherwise the failure is counted, and the
+  job is recovered while the count is at most ``max_restarts_on_errors``, else it ends
+  with that exit code;
+- ``EAGER_NEXT_REGION`` relaunches over the whole ordered list, from the top (the
+  previous region is only skipped for a request that names no region).
+
+In ``cluster`` mode (``sky.launch``) nothing is recovered: a preempted or failed node ends
+the job, and the node is torn down (its directory removed) unless ``keep`` is set. In
+``jobs`` mode node directories are left for inspection.
 
 Each node is sealed (:mod:`burst.launch.sealed`) where this machine allows it: it sees the
 system's ``/usr`` and ``/etc`` read-only, its own directory and the store, nothing else of
@@ -20,6 +34,7 @@ be sealed the stub says so in one line and runs the node as a plain directory;
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import threading
@@ -44,7 +59,8 @@ PASS_THROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONHAS
 #: are (PATH, TMPDIR and BURST_TEMPLATES name this machine's files).
 SEALED_PASS_THROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONHASHSEED", "BURST_NODE_GPU",
                        "CUDA_VISIBLE_DEVICES")
-MAX_RECOVERIES = 10  # preemptions are always recovered by SkyPilot; the stub stops a loop
+MAX_RECOVERIES = 10  # SkyPilot never stops recovering preemptions; the stub stops a loop
+MODES = ("jobs", "cluster")
 
 
 class CapacityError(BurstError):
@@ -80,16 +96,22 @@ class LocalLauncher:
     ``seal``: ``auto``, ``require`` or ``off`` (default ``$BURST_STUB_SEAL``, else auto).
     ``node_python``: the task runs this machine's interpreter (``--node-python``), which a
     sealed node cannot see, so such a node is not sealed (an error under ``require``).
+    ``mode``: ``jobs`` (a managed job, recovered) or ``cluster`` (``sky.launch``: no
+    recovery; the node is torn down at the end unless ``keep``).
     """
 
     kind = "local"
 
     def __init__(self, root: Path | str, faults: Faults | None = None,
-                 seal: str | None = None, node_python: str | None = None) -> None:
+                 seal: str | None = None, node_python: str | None = None,
+                 mode: str = "jobs", keep: bool = False) -> None:
+        if mode not in MODES:
+            raise ConfigError(f"stub mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.root = Path(root).expanduser().resolve()
         self.faults = faults or Faults()
         self.seal = sealed.mode(seal)
         self.node_python = node_python
+        self.mode, self.keep = mode, keep
 
     def describe(self, task: RenderedTask, secret_names: list[str]) -> list[str]:
         names = ", ".join(secret_names) or "none"
@@ -102,7 +124,8 @@ class LocalLauncher:
             f"environment: {names}",
             "cd NODE/home && HOME=NODE/home SKYPILOT_*=... bash -c \"$SETUP\"",
             "cd NODE/home && HOME=NODE/home SKYPILOT_*=... bash -c \"$RUN\"",
-        ]
+        ] + ([] if self.mode == "jobs" or self.keep else
+             ["rm -rf NODE  # cluster mode: torn down when the run ends (--keep keeps it)"])
 
     def sealing(self, task: RenderedTask, report: Reporter) -> Sealing | None:
         """How this task's nodes are sealed; None (said in one line) where they cannot be."""
@@ -142,44 +165,72 @@ class _Job:
         self.capacity_left = launcher.faults.fail_first
         self.master_port = _free_port()
         self.nodes = 0
+        self.managed = launcher.mode == "jobs"
         recovery = task.job_recovery or {}
-        self.recover_codes = set(recovery.get("recover_on_exit_codes") or [])
+        codes = recovery.get("recover_on_exit_codes") or []
+        self.recover_codes = {int(c) for c in ([codes] if isinstance(codes, int) else codes)}
         self.max_restarts = int(recovery.get("max_restarts_on_errors") or 0)
+        self.restart_count = 0  # SkyPilot's restart_cnt_on_failure
         self.sealing: Sealing | None = None
 
     def run(self) -> LaunchResult:
         self.sealing = self.launcher.sealing(self.task, self.report)
-        index, restarts, recoveries = 0, 0, 0
+        recoveries = 0
         while True:
-            index = self._provision(index)
-            candidate = self.task.candidates[index]
+            # EAGER_NEXT_REGION: every launch, and every recovery, walks the list from the top
+            candidate = self.task.candidates[self._provision()]
             injected = recoveries == 0 and self.launcher.faults.preempt_at is not None
-            code, node = self._run_node(candidate, injected)
-            where = f"local:{node}"
-            if code == 0:
-                return LaunchResult(0, where, {"task_id": self.task_id, "nodes": self.nodes})
-            if injected and code != 0:
-                self.report.event("preempted", where=where, returncode=code,
-                                  task_id=self.task_id)
-                self.report.say(f"stub: node {node.name} preempted (exit {code}); recovering "
-                                "on the next candidate (EAGER_NEXT_REGION)")
-            elif self.task.job_recovery and code in self.recover_codes \
-                    and restarts < self.max_restarts:
-                restarts += 1
-                self.report.say(f"stub: job exited {code}, a recoverable code; restart "
-                                f"{restarts} of {self.max_restarts}")
-            else:
-                return LaunchResult(code, where, {"task_id": self.task_id, "nodes": self.nodes})
+            codes, node = self._run_node(candidate, injected)
+            code = next((c for c in codes if c != 0), 0)
+            if code == 0 or not self._recovers(codes, injected, node):
+                return self._end(code, node)
             recoveries += 1
             if recoveries > MAX_RECOVERIES:
                 raise BurstError(f"stub: gave up after {MAX_RECOVERIES} recoveries")
-            index = (index + 1) % len(self.task.candidates)
 
-    def _provision(self, start: int) -> int:
-        """The first candidate from ``start`` on (in order) that has capacity."""
+    def _recovers(self, codes: list[int], preempted: bool, node: Path) -> bool:
+        """Whether SkyPilot brings the job up again after ``codes`` (one per node)."""
+        code = next((c for c in codes if c != 0), 0)
+        if not self.managed:
+            self.report.say(f"stub: cluster node {node.name} ended (exit {code}); a cluster "
+                            "has no recovery")
+            return False
+        if preempted:
+            self.report.event("preempted", where=f"local:{node}", returncode=code,
+                              task_id=self.task_id)
+            self.report.say(f"stub: node {node.name} preempted (exit {code}); recovering "
+                            "from the top of the ordered list (EAGER_NEXT_REGION)")
+            return True
+        matched = [c for c in codes if c in self.recover_codes]
+        if matched:
+            self.report.say(f"stub: job exited {matched[0]}, in recover_on_exit_codes "
+                            f"{sorted(self.recover_codes)}: recovering (not counted)")
+            return True
+        self.restart_count += 1
+        if self.restart_count > self.max_restarts:
+            self.report.say(f"stub: job failed (exit {code}) and will not be retried "
+                            f"(max_restarts_on_errors {self.max_restarts})")
+            return False
+        self.report.say(f"stub: job failed (exit {code}); restart {self.restart_count} of "
+                        f"{self.max_restarts} on errors")
+        return True
+
+    def _end(self, code: int, node: Path) -> LaunchResult:
+        """The job is over: a cluster is torn down unless kept."""
+        details = {"task_id": self.task_id, "nodes": self.nodes}
+        if not self.managed:
+            if self.launcher.keep:
+                self.report.say(f"stub: cluster node kept at {node} (--keep)")
+            else:
+                self.report.say(f"stub: tearing down cluster node {node}")
+                shutil.rmtree(node, ignore_errors=True)
+            details["kept"] = self.launcher.keep
+        return LaunchResult(code, f"local:{node}", details)
+
+    def _provision(self) -> int:
+        """The first candidate, in the task's order, that has capacity."""
         candidates = self.task.candidates
-        for offset in range(len(candidates)):
-            index = (start + offset) % len(candidates)
+        for index in range(len(candidates)):
             if self.capacity_left > 0:
                 self.capacity_left -= 1
                 label = _label(candidates[index])
@@ -189,7 +240,9 @@ class _Job:
             return index
         raise CapacityError(f"stub: none of the {len(candidates)} candidates has capacity")
 
-    def _run_node(self, candidate: dict, injected: bool) -> tuple[int, Path]:
+    def _run_node(self, candidate: dict, injected: bool) -> tuple[list[int], Path]:
+        """Set up and run the job on fresh node(s): each node's exit code (a failed setup:
+        that one code, as SkyPilot's FAILED_SETUP)."""
         self.nodes += 1
         nodes = self.task.num_nodes
         base = self.launcher.root / f"{self.task.name}-{self.stamp}-{self.nodes}"
@@ -206,10 +259,10 @@ class _Job:
                                 f"{time.monotonic() - started:.1f}s (exit {code})")
                 if code != 0:
                     self.report.say(f"stub: setup failed on {directory} (exit {code})")
-                    return code, base
+                    return [code], base
             codes = _parallel([(self.task.run, env, d, shell) for d, env, shell
                                in zip(dirs, envs, shells, strict=True)], self.report)
-        return next((c for c in codes if c != 0), 0), base
+        return codes, base
 
     def _network(self):
         """One sealed network per job attempt (its nodes rendezvous on its loopback)."""

@@ -4,9 +4,16 @@ Two modes. ``jobs`` (the default): a managed job, ``sky.jobs.launch``; SkyPilot 
 ordered candidates, and on preemption or a recoverable exit code (the task's
 ``job_recovery``) brings the job up again elsewhere with the same ``SKYPILOT_TASK_ID``, so
 the node side simply resumes from the newest snapshot; the controller tears the node down
-when the job ends. ``cluster``: ``sky.launch`` on a named cluster with autostop (and
-autodown), for when a person wants to log in; it is torn down when the run ends unless
-``keep`` is set.
+when the job ends. ``cluster``: ``sky.launch`` on a named cluster with autostop, for when a
+person wants to log in. It has no recovery, so its task never holds a spot candidate
+(:func:`burst.launch.task.render` refuses one). Without ``keep`` the cluster is torn down
+when the run ends (and autodown after the idle time, should burst be gone by then); with
+``keep`` it stays: no ``sky.down``, and the idle timer only stops it (``down=False``), so
+``sky start`` brings it back with its disks.
+
+The managed job's exit code is not the job's own: ``sky.jobs.tail_logs`` returns 0 or 100
+(success or not), so ``burst resume`` reads the job's meaning (86, 87, 88, 0) from the
+nodes' events in the store (:func:`burst.resume.status.job_exit_code`).
 
 Requests are asynchronous in the 0.14 SDK: each call returns a request id and
 ``sky.stream_and_get`` streams its log and returns its result. Secret values are handed to
@@ -49,11 +56,16 @@ class SkyPilotLauncher:
                     f"sky jobs logs -n {shlex.quote(task.name)} --follow  "
                     "# sky.jobs.tail_logs(job_id=..., follow=True)"]
         cluster = shlex.quote(self._cluster(task))
-        lines = [f"sky launch -c {cluster} -i {self.idle_minutes} --down{secrets} task.yaml  "
-                 "# sky.launch(task, cluster_name=..., idle_minutes_to_autostop=..., down=True)",
+        down = "" if self.keep else " --down"
+        lines = [f"sky launch -c {cluster} -i {self.idle_minutes}{down}{secrets} task.yaml  "
+                 "# sky.launch(task, cluster_name=..., idle_minutes_to_autostop=..., "
+                 f"down={not self.keep})",
                  f"sky logs {cluster} JOB_ID --follow  # sky.tail_logs(cluster, job_id, "
                  "follow=True)"]
-        if not self.keep:
+        if self.keep:
+            lines.append(f"# --keep: {cluster} stays (stopped when idle); sky down {cluster} "
+                         "when done with it")
+        else:
             lines.append(f"sky down {cluster}  # sky.down(cluster) when the run ends")
         return lines
 
@@ -91,15 +103,19 @@ class SkyPilotLauncher:
 
         cluster = self._cluster(task)
         request = sky.launch(sky_task, cluster_name=cluster,
-                             idle_minutes_to_autostop=self.idle_minutes, down=True)
+                             idle_minutes_to_autostop=self.idle_minutes, down=not self.keep)
         job_id, _handle = sky.stream_and_get(request)
         report.event("skypilot-cluster", cluster=cluster, job_id=job_id)
         report.say(f"cluster {cluster}: job {job_id} running; following its logs")
         code = sky.tail_logs(cluster, job_id, follow=True)
-        if not self.keep:
+        if self.keep:
+            report.say(f"keeping {cluster} (--keep): it stops when idle; sky down {cluster} "
+                       "when done with it")
+        else:
             report.say(f"tearing down {cluster}")
             sky.stream_and_get(sky.down(cluster))
-        return LaunchResult(int(code or 0), f"skypilot-cluster:{cluster}", {"job_id": job_id})
+        return LaunchResult(int(code or 0), f"skypilot-cluster:{cluster}",
+                            {"job_id": job_id, "kept": self.keep})
 
 
 def _one_line(exc: BaseException) -> str:

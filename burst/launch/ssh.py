@@ -10,7 +10,15 @@ twice and no output is lost.
 Secrets reach the job without touching the box's disk: a tiny Python bootstrap reads them
 as JSON from the SSH channel's stdin and starts the job with them in its environment.
 Host keys are checked against known_hosts (the SSH config's ``UserKnownHostsFile``, else
-``~/.ssh/known_hosts``); an unknown host is refused unless ``accept_new_host`` is set.
+``~/.ssh/known_hosts``); an unknown host is refused unless ``accept_new_host`` is set, and
+a key accepted that way is appended to that file (as ``ssh -o StrictHostKeyChecking=
+accept-new`` does), so the next connection checks it. A box behind a bastion is reached
+the way ``ssh`` reaches it: the SSH config's ``ProxyJump`` (each hop's own config entry,
+a ``direct-tcpip`` channel through it to the next) or ``ProxyCommand``.
+
+The job is detached, so a resume that ends early (a closed laptop, Ctrl-C) leaves it
+running: the ``ssh-job`` event in the run's history says where it is, and
+:meth:`SSHLauncher.attach` (``burst resume RUN --attach``) tails it again to its end.
 
 No SkyPilot runs on the box, so nothing sets the ``SKYPILOT_*`` variables the task's
 torchrun line and ``burst node run``'s plan read. The launcher sets them itself, for one
@@ -22,6 +30,8 @@ as the task asks for (gloo). The world size planned and the processes started ag
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import os
 import shlex
@@ -72,14 +82,26 @@ echo "$code" > exit_code.tmp && mv exit_code.tmp exit_code
 """
 
 
+MAX_JUMPS = 8  # a ProxyJump chain longer than this is a loop in the SSH config
+
+
 @dataclass
 class Target:
-    """``ssh://[user@]host[:port]``, resolved through the SSH config like ``ssh`` does."""
+    """``ssh://[user@]host[:port]``, resolved through the SSH config like ``ssh`` does:
+    ``jumps`` are the bastions to pass through in order (``ProxyJump``); the first hop
+    (the target itself when there are none) may be reached through ``proxy_command``."""
 
     host: str
     connect: dict[str, Any]
     known_hosts: list[str]
     label: str
+    url: str = ""
+    jumps: list[Target] = field(default_factory=list)
+    proxy_command: str | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.connect["port"])
 
     @classmethod
     def parse(cls, url: str, ssh_config: str | None = None, identity: str | None = None,
@@ -93,16 +115,52 @@ class Target:
             port = parsed.port
         except ValueError:
             raise ConfigError(f"{url!r} has an invalid port") from None
-        config = _ssh_config(ssh_config).lookup(parsed.hostname)
-        user = unquote(parsed.username or "") or config.get("user") or _local_user()
-        known = known_hosts or config.get("userknownhostsfile") or "~/.ssh/known_hosts"
-        connect = {"port": port or int(config.get("port", 22)), "username": user,
-                   "key_filename": ([os.path.expanduser(identity)] if identity
-                                    else config.get("identityfile")),
-                   "timeout": 15, "banner_timeout": 15, "auth_timeout": 15}
-        host = config.get("hostname", parsed.hostname)
-        label = f"{user}@{parsed.hostname}:{connect['port']}"
-        return cls(host, connect, [os.path.expanduser(p) for p in str(known).split()], label)
+        config = _ssh_config(ssh_config)
+        user = unquote(parsed.username or "")
+        return _resolve(config, parsed.hostname, user, port, identity, known_hosts, url, 0)
+
+
+def _resolve(config: paramiko.SSHConfig, name: str, user: str, port: int | None,
+             identity: str | None, known_hosts: str | None, url: str, depth: int) -> Target:
+    """One host as the SSH config describes it, with the hops in front of it."""
+    if depth > MAX_JUMPS:
+        raise ConfigError(f"the SSH config's ProxyJump chain to {name} is longer than "
+                          f"{MAX_JUMPS} hops (a loop?)")
+    entry = config.lookup(name)
+    user = user or entry.get("user") or _local_user()
+    known = known_hosts or entry.get("userknownhostsfile") or "~/.ssh/known_hosts"
+    keys = entry.get("identityfile") or ([identity] if identity else None)
+    if identity and depth == 0:
+        keys = [identity]
+    connect = {"port": port or int(entry.get("port", 22)), "username": user,
+               "key_filename": [os.path.expanduser(k) for k in keys] if keys else None,
+               "timeout": 15, "banner_timeout": 15, "auth_timeout": 15}
+    target = Target(entry.get("hostname", name), connect,
+                    [os.path.expanduser(p) for p in str(known).split()],
+                    f"{user}@{name}:{connect['port']}", url)
+    jump = str(entry.get("proxyjump") or "none")
+    command = str(entry.get("proxycommand") or "none")
+    if jump.lower() != "none":
+        for spec in jump.split(","):
+            hop_user, hop_name, hop_port = _jump_spec(spec.strip())
+            hop = _resolve(config, hop_name, hop_user, hop_port, identity, known_hosts, "",
+                           depth + 1)
+            target.jumps += [*hop.jumps, hop]  # flattened: each hop's own chain first
+    elif command.lower() != "none":
+        target.proxy_command = command
+    return target
+
+
+def _jump_spec(spec: str) -> tuple[str, str, int | None]:
+    """``[user@]host[:port]`` or ``ssh://[user@]host[:port]``, as ProxyJump takes them."""
+    parsed = urlparse(spec if spec.startswith("ssh://") else f"ssh://{spec}")
+    try:
+        port = parsed.port
+    except ValueError:
+        port = -1
+    if not parsed.hostname or port == -1 or parsed.path not in ("", "/"):
+        raise ConfigError(f"the SSH config's ProxyJump {spec!r} is not [user@]host[:port]")
+    return unquote(parsed.username or ""), parsed.hostname, port
 
 
 def _ssh_config(path: str | None) -> paramiko.SSHConfig:
@@ -132,13 +190,19 @@ class SSHLauncher:
     reconnect_seconds: float = RECONNECT_SECONDS
     kind: str = "ssh"
     _client: paramiko.SSHClient | None = field(default=None, repr=False)
+    _hops: list[paramiko.SSHClient] = field(default_factory=list, repr=False)
+    saved_keys: list[str] = field(default_factory=list)  # "host (file)" accepted and saved
 
     # -- the protocol ---------------------------------------------------------------------
 
     def describe(self, task: RenderedTask, secret_names: list[str]) -> list[str]:
         port = self.target.connect["port"]
         user = self.target.connect["username"]
-        box = f"ssh -p {port} {user}@{self.target.host}"
+        via = ",".join(f"{h.connect['username']}@{h.host}:{h.port}" for h in self.target.jumps)
+        proxy = (f" -J {via}" if via else "") + (
+            f" -o ProxyCommand={shlex.quote(self.target.proxy_command)}"
+            if self.target.proxy_command else "")
+        box = f"ssh{proxy} -p {port} {user}@{self.target.host}"
         d = f"{self.remote_root}/{task.name}-<time>"
         names = ", ".join(secret_names) or "none"
         counts = ",".join(map(str, task_gpu_counts(task))) or "1"
@@ -153,10 +217,19 @@ class SSHLauncher:
 
     def launch(self, task: RenderedTask, secrets: Mapping[str, str],
                report: Reporter) -> LaunchResult:
+        job = self.start(task, secrets, report)
+        report.say(f"started on {self.target.label} in {job.directory} (pid {job.pid}); "
+                   "streaming its log")
+        return self.follow(job, report)
+
+    def start(self, task: RenderedTask, secrets: Mapping[str, str], report: Reporter) -> Job:
+        """Put the task on the box and start it detached; it runs on without us."""
         if task.num_nodes > 1:
             raise ConfigError(f"the ssh launcher runs on one box; the task asks for "
                               f"{task.num_nodes} nodes (use --nodes 1)")
-        self._connect()
+        self.connect()
+        for saved in self.saved_keys:
+            report.say(f"accepted the new host key of {saved}")
         gpus = self._gpus(report)
         world = box_env(task_gpu_counts(task), gpus)
         report.say(f"{self.target.label}: {gpus or 'no'} GPU(s); running "
@@ -165,43 +238,97 @@ class SSHLauncher:
                       if "CUDA_VISIBLE_DEVICES" in world else ""))
         remote = self._prepare(task, world)
         pid = self._start(remote, secrets)
-        where = f"ssh:{self.target.label}:{remote}"
-        report.event("ssh-job", where=where, pid=pid)
-        report.say(f"started on {self.target.label} in {remote} (pid {pid}); streaming its log")
-        code = self._follow(remote, pid, report)
-        self.close()
-        return LaunchResult(code, where, {"pid": pid, "dir": remote})
+        job = Job(remote, pid, f"ssh:{self.target.label}:{remote}")
+        report.event("ssh-job", where=job.where, pid=pid, dir=remote,
+                     target=self.target.url or None)
+        return job
+
+    def follow(self, job: Job, report: Reporter) -> LaunchResult:
+        """Stream the job's log from its start until it ends; its exit code is the result."""
+        try:
+            code = self._follow(job.directory, job.pid, report)
+        finally:
+            self.close()
+        return LaunchResult(code, job.where, {"pid": job.pid, "dir": job.directory})
+
+    def attach(self, directory: str, pid: int, report: Reporter) -> LaunchResult:
+        """Tail a job started earlier (by a resume that has since ended) to its end."""
+        self.connect()
+        return self.follow(Job(directory, pid, f"ssh:{self.target.label}:{directory}"), report)
 
     # -- connection -----------------------------------------------------------------------
 
-    def _connect(self) -> paramiko.SSHClient:
+    def connect(self) -> paramiko.SSHClient:
+        """Log in to the box, through its ProxyCommand or ProxyJump hops if it has any."""
+        self.close()
+        chain = [*self.target.jumps, self.target]
+        sock: Any = None
+        if chain[0].proxy_command:
+            try:
+                sock = paramiko.ProxyCommand(chain[0].proxy_command)
+            except (OSError, paramiko.SSHException) as exc:
+                raise BurstError(f"the ProxyCommand for {chain[0].label} failed: {exc}"
+                                 ) from None
+        command = sock
+        try:
+            for hop, after in itertools.pairwise(chain):
+                client = self._login(hop, sock, via=True)
+                self._hops.append(client)
+                sock = self._channel(client, hop, after)
+            self._client = self._login(self.target, sock, via=False)
+        except BaseException:
+            self.close()
+            if isinstance(command, paramiko.ProxyCommand):
+                with contextlib.suppress(Exception):
+                    command.close()  # its process, if no transport took it over
+            raise
+        return self._client
+
+    def _channel(self, client: paramiko.SSHClient, hop: Target, after: Target) -> Any:
+        """A ``direct-tcpip`` channel through ``hop`` to the next host's SSH port."""
+        transport = client.get_transport()
+        assert transport is not None
+        try:
+            return transport.open_channel("direct-tcpip", (after.host, after.port),
+                                          ("127.0.0.1", 0), timeout=15)
+        except (paramiko.SSHException, OSError) as exc:
+            raise BurstError(f"the bastion {hop.label} cannot reach {after.host}:"
+                             f"{after.port}: {exc}") from None
+
+    def _login(self, target: Target, sock: Any, via: bool) -> paramiko.SSHClient:
+        what = f"the bastion {target.label}" if via else target.label
         client = paramiko.SSHClient()
-        for path in self.target.known_hosts:
+        for path in target.known_hosts:
             if os.path.exists(path):
                 client.load_host_keys(path)
-        client.set_missing_host_key_policy(paramiko.AutoAddPolicy() if self.accept_new_host
-                                           else paramiko.RejectPolicy())
+        client.set_missing_host_key_policy(
+            SaveNewHostKey(target.known_hosts[0], self.saved_keys) if self.accept_new_host
+            else paramiko.RejectPolicy())
         try:
-            client.connect(self.target.host, **self.target.connect)
+            client.connect(target.host, sock=sock, **target.connect)
         except paramiko.BadHostKeyException:
-            raise BurstError(f"{self.target.label}: the host key does NOT match known_hosts; "
+            client.close()
+            raise BurstError(f"{what}: the host key does NOT match known_hosts; "
                              "refusing to connect (a changed server, or someone in between)"
                              ) from None
         except paramiko.SSHException as exc:
+            client.close()
             if "not found in known_hosts" in str(exc):
-                raise BurstError(f"{self.target.label} is not in known_hosts "
-                                 f"({', '.join(self.target.known_hosts)}): check its key and "
+                raise BurstError(f"{what} is not in known_hosts "
+                                 f"({', '.join(target.known_hosts)}): check its key and "
                                  "add it (ssh-keyscan), or pass --accept-new-host") from None
-            raise BurstError(f"cannot connect to {self.target.label}: {exc}") from None
+            raise BurstError(f"cannot connect to {what}: {exc}") from None
         except OSError as exc:
-            raise BurstError(f"cannot connect to {self.target.label}: {exc}") from None
-        self._client = client
+            client.close()
+            raise BurstError(f"cannot connect to {what}: {exc}") from None
         return client
 
     def close(self) -> None:
         if self._client is not None:
             self._client.close()
             self._client = None
+        while self._hops:
+            self._hops.pop().close()
 
     def drop(self) -> None:
         """Cut the TCP connection under the session (what a flaky link does); tests use it."""
@@ -317,7 +444,7 @@ class SSHLauncher:
         delay = 0.5
         while True:
             try:
-                self._connect()
+                self.connect()
                 report.say(f"reconnected to {self.target.label}")
                 return
             except BurstError:
@@ -328,6 +455,47 @@ class SSHLauncher:
                                      ) from None
                 time.sleep(delay)
                 delay = min(delay * 2, 10.0)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A job started on the box: its directory there, its pid, and a label for it."""
+
+    directory: str
+    pid: int
+    where: str
+
+
+class SaveNewHostKey(paramiko.MissingHostKeyPolicy):
+    """Trust a host seen for the first time and append its key to ``path``, as ``ssh``'s
+    ``StrictHostKeyChecking=accept-new`` does: later connections check against it."""
+
+    def __init__(self, path: str, saved: list[str]) -> None:
+        self.path, self.saved = path, saved
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str,
+                         key: paramiko.PKey) -> None:
+        client.get_host_keys().add(hostname, key.get_name(), key)
+        append_known_host(self.path, hostname, key)
+        self.saved.append(f"{hostname} ({self.path})")
+
+
+def append_known_host(path: str, hostname: str, key: paramiko.PKey) -> None:
+    """One ``known_hosts`` line for ``hostname`` (``[host]:port`` off port 22), appended;
+    the file (0600) and its folder (0700) are made if missing. Other lines stay as they are."""
+    file = Path(path).expanduser()
+    try:
+        file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(file, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "r+b") as handle:
+            size = handle.seek(0, os.SEEK_END)
+            newline = b""
+            if size:
+                handle.seek(size - 1)
+                newline = b"" if handle.read(1) == b"\n" else b"\n"
+            handle.write(newline + f"{hostname} {key.get_name()} {key.get_base64()}\n".encode())
+    except OSError as exc:
+        raise BurstError(f"cannot save the host key of {hostname} to {file}: {exc}") from None
 
 
 def task_gpu_counts(task: RenderedTask) -> list[int]:

@@ -8,10 +8,16 @@ What goes where, and why:
 
 - ``resources.ordered``: the planner's fitting candidates in its failover order (every spot
   entry, then every on-demand one); SkyPilot tries them in that order.
-- ``job_recovery``: for managed jobs, ``EAGER_NEXT_REGION`` (a preempted spot job moves on
-  rather than waiting where capacity just vanished), a bounded ``max_restarts_on_errors``
-  and the exit codes where a new node helps: a GPU failure (87) and an OOM (86) the node
-  could not shrink away. A script error is not retried: it would fail the same way.
+- ``job_recovery``: for managed jobs, ``EAGER_NEXT_REGION`` (a preempted spot job is
+  relaunched from the top of the ordered list rather than waiting where capacity just
+  vanished), and the one exit code where a new node helps: a sticky GPU failure (87).
+  SkyPilot recovers that code, and preemptions, without counting them against
+  ``max_restarts_on_errors``; so that is 0 (an OOM is re-planned on the node and then ends
+  the job with 86; a script error would fail the same way again), and burst bounds the
+  restarts itself: ``BURST_MAX_RESTARTS`` in the envs, counted by the nodes in the store
+  (:mod:`burst.resume.restarts`).
+- cluster mode (``managed`` False) has no recovery, so it never renders a spot candidate:
+  a preempted cluster would simply be gone.
 - ``envs``: the run id, the store URL and its non-secret settings, the plan policy, the
   lockfile digest and its Python (``BURST_LOCKFILE_DIGEST``, ``BURST_PYTHON``) and the
   package mirrors forwarded as a fallback.
@@ -40,7 +46,8 @@ import jinja2
 
 from burst.errors import ConfigError
 from burst.plan.planner import Plan
-from burst.training.failure import EXIT_GPU_FAILURE, EXIT_OOM
+from burst.resume.restarts import DEFAULT_MAX_RESTARTS, MAX_RESTARTS_ENV
+from burst.training.failure import EXIT_GPU_FAILURE
 
 TEMPLATES_ENV = "BURST_TEMPLATES"
 # The store's private CA certificate (PEM text: public, not a secret). The task carries
@@ -49,8 +56,10 @@ TEMPLATES_ENV = "BURST_TEMPLATES"
 CA_BUNDLE_ENV = "BURST_CA_BUNDLE_PEM"
 CA_BUNDLE_LIMIT = 64 * 1024  # a private CA is a few KiB; a whole system bundle is not
 SINGLE, MULTI = "task.yaml.j2", "task-multinode.yaml.j2"
-RECOVER_ON = (EXIT_OOM, EXIT_GPU_FAILURE)
-DEFAULT_MAX_RESTARTS = 3
+# Only what a new machine fixes. Never OOM (86): these codes bypass max_restarts_on_errors
+# and EAGER_NEXT_REGION relaunches from the top of the list, the same card again, forever.
+RECOVER_ON = (EXIT_GPU_FAILURE,)
+SKYPILOT_MAX_RESTARTS = 0  # SkyPilot retries nothing else; burst bounds the restarts
 INSTALLED_BURST = '"$BURST_NODE_DIR/venv/bin/burst"'
 BOOTSTRAP_END = "BURST_BOOTSTRAP_END"  # the heredoc's terminator: no line of the file
 
@@ -95,7 +104,7 @@ class TaskSpec:
     secret_names: Sequence[str] = ()
     software: NodeSoftware = field(default_factory=NodeSoftware)
     managed: bool = True
-    max_restarts: int = DEFAULT_MAX_RESTARTS
+    max_restarts: int = DEFAULT_MAX_RESTARTS  # managed jobs: burst's bound (BURST_MAX_RESTARTS)
     workdir: str = "."  # where the node runs, relative to the restored code
 
     @property
@@ -164,14 +173,44 @@ def resource_entry(plan: Plan) -> dict[str, Any]:
     """One ``resources.ordered`` entry for a candidate."""
     target = plan.target
     return {"accelerators": f"{target.card.name}:{target.count}", "infra": target.place.infra,
-            "use_spot": target.spot}
+            "use_spot": target.spot, "image_id": target.place.image_id}
 
 
 def job_recovery(spec: TaskSpec) -> dict[str, Any] | None:
     if not spec.managed:
         return None
-    return {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": spec.max_restarts,
+    return {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": SKYPILOT_MAX_RESTARTS,
             "recover_on_exit_codes": list(RECOVER_ON)}
+
+
+def task_envs(spec: TaskSpec) -> dict[str, str]:
+    """The spec's envs, and for a managed job the restart bound its nodes enforce."""
+    if not spec.managed:
+        return dict(spec.envs)
+    if spec.max_restarts < 0:
+        raise ConfigError(f"the restart bound must be >= 0, got {spec.max_restarts}")
+    return {**spec.envs, MAX_RESTARTS_ENV: str(spec.max_restarts)}
+
+
+def spot_policy(spot: str, managed: bool) -> tuple[str, str | None]:
+    """The planner's spot policy (first, only, never) a launch can honour, and a line to
+    say when it is not the one asked for: a cluster has no recovery, so spot-first falls
+    back to on-demand and spot-only is refused."""
+    if managed or spot == "never":
+        return spot, None
+    if spot == "only":
+        raise ConfigError("--spot needs recovery, which cluster mode does not have: use "
+                          "--mode jobs for spot, or --no-spot")
+    return "never", ("cluster mode has no recovery from a preemption: on-demand candidates "
+                     "only (--mode jobs for spot)")
+
+
+def check_recovery(spec: TaskSpec) -> None:
+    """Spot needs recovery: a cluster (no managed job) with a spot candidate is refused."""
+    if not spec.managed and any(p.target.spot for p in spec.candidates):
+        raise ConfigError("cluster mode has no recovery, so a preempted spot cluster would "
+                          "simply be gone: use on-demand candidates (--no-spot) or a managed "
+                          "job (--mode jobs)")
 
 
 def render(spec: TaskSpec) -> RenderedTask:
@@ -180,6 +219,7 @@ def render(spec: TaskSpec) -> RenderedTask:
         raise ConfigError("nothing to launch: no candidate fits the run")
     if not spec.entry_point:
         raise ConfigError("no entry point: give the training command after --")
+    check_recovery(spec)
     # several processes (nodes, or GPUs on one node) start under torchrun
     several = spec.num_nodes > 1 or any(p.target.count > 1 for p in spec.candidates)
     template = MULTI if several else SINGLE
@@ -189,7 +229,7 @@ def render(spec: TaskSpec) -> RenderedTask:
         run_id=spec.run_id, step=spec.step, reason=spec.reason, name=spec.name,
         num_nodes=spec.num_nodes, job_recovery=job_recovery(spec),
         candidates=[resource_entry(p) for p in spec.candidates],
-        envs=dict(spec.envs), secrets=list(spec.secret_names),
+        envs=task_envs(spec), secrets=list(spec.secret_names),
         ca_bundle=CA_BUNDLE_ENV in spec.envs,
         bootstrap=bootstrap_source() if spec.software.python is None else None,
         workdir=_workdir(spec.workdir), burst=spec.software.burst, setup_args=spec.software.node_flags,

@@ -166,6 +166,57 @@ class Group:
         return data.to(self._device())
 
 
+class StepVote:
+    """The ranks' snapshot decision at each step boundary, agreed without a stall.
+
+    :meth:`Group.agree` reads its result at once, which under NCCL is a host-device sync
+    every step. Here each boundary casts its votes (persist, shadow, the highest rank
+    with a reason) in an asynchronous all-reduce on CPU tensors (over gloo: a side group
+    when the run's own backend is NCCL) and acts on the votes cast one boundary earlier,
+    by then long arrived: every rank acts on the same votes at the same step, one step
+    after they were cast. A signal or a due persist therefore takes effect one optimizer
+    step later on several ranks; one process decides at once, as before.
+
+    At every boundary every rank calls :meth:`collect`, acts on it, then :meth:`cast`s
+    (both collectives, in that order), and :meth:`drain` before the group goes away.
+    """
+
+    def __init__(self, group: Group) -> None:
+        self.group = group
+        self._process_group: Any = None
+        self._pending: tuple[Any, torch.Tensor, str | None] | None = None
+        if group.collective and "gloo" not in str(dist.get_backend()):
+            self._process_group = dist.new_group(backend="gloo")  # every rank, at start
+
+    def cast(self, persist: bool, shadow: bool, reason: str | None) -> None:
+        """This rank's votes at this boundary (acted on at the next one, by every rank)."""
+        votes = torch.tensor([int(persist), int(shadow), self.group.rank + 1 if reason else 0],
+                             dtype=torch.int64)
+        work = dist.all_reduce(votes, op=dist.ReduceOp.MAX, group=self._process_group,
+                               async_op=True)
+        self._pending = (work, votes, reason)
+
+    def drain(self) -> None:
+        """Wait for the votes still in flight (they are not acted on)."""
+        if self._pending is not None:
+            self._pending[0].wait()
+            self._pending = None
+
+    def collect(self) -> tuple[bool, bool, str | None]:
+        """(persist, shadow, reason) the ranks voted at the previous boundary: persist and
+        shadow if any rank wanted to, under the reason of the highest rank that had one."""
+        if self._pending is None:
+            return False, False, None
+        work, votes, reason = self._pending
+        self._pending = None
+        work.wait()
+        persist, shadow, asker = bool(votes[0]), bool(votes[1]), int(votes[2]) - 1
+        if asker >= 0:  # rare: whoever asked tells the others why
+            reason = self.group.broadcast_json(reason if self.group.rank == asker else None,
+                                               src=asker)
+        return persist or asker >= 0, shadow, reason if asker >= 0 else None
+
+
 def _json_bytes(value: Any) -> bytes:
     return json.dumps(value, allow_nan=False, separators=(",", ":")).encode()
 

@@ -58,7 +58,7 @@ def capture(components: state_mod.Components, extra: dict, group: Group
     if is_sharded:
         state_tree["model"] = tree.encode(full_model, "state/model", tensors)
         state_tree["optimizer"] = tree.encode(full_optim, "state/optimizer", tensors)
-    ranks = [rank_rng.from_json(s) for s in rng_states]
+    ranks = [rng.storable(rank_rng.from_json(s)) for s in rng_states]  # keys as blobs
     state_tree["rng_ranks"] = tree.encode(ranks, "state/rng_ranks", tensors)
     return state_tree, tensors
 

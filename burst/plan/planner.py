@@ -10,9 +10,11 @@ the largest micro-batch whose predicted peak stays under the margin (fewest accu
 passes, fullest GPU), bf16 autocast where the card has it and fp16 with a GradScaler where
 it does not, and TF32 for the fp32 matmuls that remain on Ampere and later.
 
-Candidates are ordered the way SkyPilot's ``resources.ordered`` fails over: every spot
-entry first, then every on-demand one; within each, the cheapest fitting card first and,
-for one card, the places in the profile's order. After an OOM only cards with more memory
+Candidates are ordered the way SkyPilot's ``resources.ordered`` fails over, tier by tier in
+the order the user asked for (default: their own Kubernetes contexts and SSH pools, then
+public spot, then public on-demand); within a tier, the cheapest fitting card first and,
+for one card, the places in the profile's order. A (place, card, spot) that does not exist
+(:mod:`burst.plan.offerings`) never takes a slot. After an OOM only cards with more memory
 than the one that failed are candidates.
 """
 
@@ -26,7 +28,8 @@ from typing import Any
 from burst.errors import ConfigError
 from burst.plan.cards import GIB, Card
 from burst.plan.facts import RunFacts
-from burst.plan.regions import Place, Profile
+from burst.plan.offerings import Offerings
+from burst.plan.regions import DEFAULT_ORDER, OWN, SPOT, Place, Profile, parse_order
 
 DEFAULT_MARGIN = 0.85
 CONTEXT_RESERVE = 512 << 20  # CUDA context and driver state: outside max_memory_allocated
@@ -60,8 +63,11 @@ class Options:
     amp: str = "auto"  # auto: bf16 if the card has it, else fp16; keep: the snapshot's
     spot: str = "first"
     reserve_bytes: int = CONTEXT_RESERVE
+    order: tuple[str, ...] | None = None  # tiers to try, in order; None: the profile's
 
     def __post_init__(self) -> None:
+        if self.order is not None:
+            object.__setattr__(self, "order", parse_order(self.order))
         if not 0 < self.margin <= 1:
             raise ConfigError(f"memory margin must be in (0, 1], got {self.margin}")
         if self.amp not in AMP_POLICIES:
@@ -80,13 +86,20 @@ class Target:
     nodes: int = 1
     place: Place = field(default_factory=lambda: Place(None))
     spot: bool = False
+    region_price: float | None = None  # $/h per GPU at this place, where a catalog says
 
     @property
     def world_size(self) -> int:
         return self.count * self.nodes
 
     @property
+    def tier(self) -> str:
+        return self.place.tier(self.spot)
+
+    @property
     def price_per_gpu(self) -> float | None:
+        if self.region_price is not None:
+            return self.region_price
         return self.card.spot if self.spot else self.card.on_demand
 
 
@@ -154,6 +167,7 @@ class Plan:
         return {
             "card": target.card.name, "count": target.count, "nodes": target.nodes,
             "world_size": self.world_size, "infra": target.place.infra, "spot": target.spot,
+            "tier": target.tier, "image_id": target.place.image_id,
             "fits": self.fits, "problem": self.problem,
             "global_batch": self.global_batch, "micro_batch": self.micro_batch,
             "accumulation": self.accumulation, "amp": self.amp,
@@ -326,29 +340,80 @@ def _efficiency(world_size: int, nodes: int) -> float:
 
 def candidates(facts: RunFacts, cards: Iterable[Card], profile: Profile,
                counts: Sequence[int] = (1,), nodes: int = 1, options: Options | None = None,
-               old_card: Card | None = None) -> list[Plan]:
-    """Every (card, count, place, spot) in failover order; fitting ones first.
+               old_card: Card | None = None, offerings: Offerings | None = None) -> list[Plan]:
+    """Every existing (card, count, place, spot) in failover order; fitting ones first.
 
-    Spot entries come before on-demand ones (unless the spot policy says otherwise), each
-    tier cheapest card first and, for one card, in the profile's order of places. Places
-    without spot (most Kubernetes contexts, SSH pools) appear only among on-demand entries.
-    Targets without a plan follow, once each, with their problem, so a caller can show why.
+    See :func:`rank`; places that do not exist are left out.
+    """
+    return rank(facts, cards, profile, counts, nodes, options, old_card, offerings).plans
+
+
+@dataclass(frozen=True)
+class Ranking:
+    """Candidates in failover order, and the crossings left out because they do not exist."""
+
+    plans: list[Plan]
+    skipped: list[tuple[Target, str]]  # (where it would have gone, why it does not exist)
+    order: tuple[str, ...]
+
+
+def rank(facts: RunFacts, cards: Iterable[Card], profile: Profile,
+         counts: Sequence[int] = (1,), nodes: int = 1, options: Options | None = None,
+         old_card: Card | None = None, offerings: Offerings | None = None) -> Ranking:
+    """Candidates tier by tier (``options.order``, else the profile's), each tier cheapest
+    card first and, for one card, in the profile's order of places.
+
+    Tiers: ``own`` (k8s/ssh places, spot entries first where a context has spot labels),
+    ``spot`` and ``on-demand`` (public places); the spot policy removes spot or on-demand
+    entries. A crossing ``offerings`` says does not exist is skipped with its reason.
+    Targets without a plan follow the fitting ones, once each, with their problem.
     """
     options = options or Options()
+    order = options.order or profile.order or DEFAULT_ORDER
     base = [evaluate(facts, Target(card, count, nodes), options, old_card)
             for card in cards for count in counts]
     base = [_exclude_not_bigger(plan, facts, old_card) for plan in base]
     fitting = [p for p in base if p.fits]
     ordered: list[Plan] = []
-    for spot in _tiers(options.spot):
-        for plan in sorted(fitting, key=lambda p: _rank(p, spot)):
-            for where in profile.places:
-                if spot and not where.spot:
-                    continue
-                target = replace(plan.target, place=where, spot=spot)
-                notes = plan.notes + ((where.note,) if where.note else ())
-                ordered.append(replace(plan, target=target, notes=notes))
-    return ordered + [p for p in base if not p.fits]
+    skipped: list[tuple[Target, str]] = []
+    for tier in order:
+        for spot in _tier_spots(tier, options.spot):
+            for plan in sorted(fitting, key=lambda p: _rank(p, spot)):
+                for where in profile.places:
+                    if where.own_capacity != (tier == OWN) or (spot and not where.spot):
+                        continue
+                    placed = _place(plan, where, spot, offerings)
+                    if isinstance(placed, Plan):
+                        ordered.append(placed)
+                    else:
+                        skipped.append(placed)
+    return Ranking(ordered + [p for p in base if not p.fits], skipped, tuple(order))
+
+
+def _tier_spots(tier: str, policy: str) -> tuple[bool, ...]:
+    allowed = _tiers(policy)
+    if tier == OWN:
+        return allowed
+    wanted = tier == SPOT
+    return (wanted,) if wanted in allowed else ()
+
+
+def _place(plan: Plan, where: Place, spot: bool, offerings: Offerings | None
+           ) -> Plan | tuple[Target, str]:
+    target = replace(plan.target, place=where, spot=spot)
+    notes = plan.notes + ((where.note,) if where.note else ())
+    if offerings is not None:
+        verdict = offerings.check(where.infra, target.card.name, spot)
+        if verdict.exists is False:
+            return target, verdict.reason
+        if verdict.exists is None and where.infra and not where.own_capacity:
+            notes += (f"{where.infra}: no catalog lists {target.card.name} here; unverified",)
+        if verdict.note:
+            notes += (verdict.note,)
+        target = replace(target, region_price=verdict.price)
+    if where.image_id:
+        notes += (f"image_id {where.image_id}",)
+    return replace(plan, target=target, notes=notes)
 
 
 def _tiers(policy: str) -> tuple[bool, ...]:

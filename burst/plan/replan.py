@@ -17,7 +17,7 @@ from burst import config as user_config
 from burst import events
 from burst.errors import ConfigError, SnapshotError
 from burst.plan import cards as gpus
-from burst.plan import facts, planner, regions
+from burst.plan import facts, offerings, planner, regions
 from burst.snapshot import reader as snapshot
 from burst.store.base import Store
 
@@ -33,6 +33,9 @@ class Replan:
     profile: regions.Profile
     old_card: gpus.Card | None
     catalog: str  # where the card figures come from: "embedded", "embedded + SkyPilot (date)"
+    skipped: tuple[tuple[planner.Target, str], ...] = ()  # crossings that do not exist
+    order: tuple[str, ...] = regions.DEFAULT_ORDER  # the tiers, in the order tried
+    places_from: tuple[str, ...] = ()  # what said which places exist
 
     @property
     def chosen(self) -> planner.Plan | None:
@@ -75,8 +78,10 @@ def replan(
     profile = (regions.Profile("custom", tuple(regions.place(i) for i in infra)) if infra
                else regions.profile(region, user_config.section(config, "regions")))
     old_card = catalog.for_device(run.card)
-    plans = planner.candidates(run, allowed, profile, counts, nodes, options, old_card)
-    return Replan(run, plans, profile, old_card, catalog.origin)
+    places = offerings.load()
+    ranking = planner.rank(run, allowed, profile, counts, nodes, options, old_card, places)
+    return Replan(run, ranking.plans, profile, old_card, catalog.origin,
+                  tuple(ranking.skipped), ranking.order, tuple(places.sources))
 
 
 def _check_counts(counts: Sequence[int], nodes: int) -> None:

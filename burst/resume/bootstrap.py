@@ -221,6 +221,8 @@ class S3Source:
         parts = urllib.parse.urlsplit(self.endpoint)
         if self.style == "virtual":
             return f"{parts.scheme}://{self.bucket}.{parts.netloc}{parts.path}/{path}"
+        if self.style == "bucket":  # a domain bound to the bucket (an OSS custom domain)
+            return f"{self.endpoint}/{path}"
         return f"{self.endpoint}/{urllib.parse.quote(self.bucket, safe='-_.~')}/{path}"
 
     def fetch(self, key: str, out) -> None:
@@ -289,6 +291,8 @@ def s3_source(url: str, environ: dict) -> S3Source:
     host = urllib.parse.urlsplit(endpoint).hostname or ""
     if style not in ("path", "virtual"):
         style = "virtual" if _dns_bucket(bucket) and not _is_ip_or_local(host) else "path"
+    if (environ.get("BURST_BUCKET_ENDPOINT") or "").lower() in ("1", "true", "yes", "on"):
+        style = "bucket"
     access, secret = environ.get(keys[0]), environ.get(keys[1])
     credentials = (access, secret, environ.get(keys[2]) or None) if access and secret else None
     return S3Source(bucket, prefix, endpoint, region, style, credentials,

@@ -16,6 +16,12 @@ launched:
 
 Launch and its end are events in the run's history, so ``burst status`` can say where the
 run went. Credentials travel as SkyPilot secrets: names in the task, values only in memory.
+They must outlast the run: temporary ones (a session token) expire mid-run, after which the
+node's uploads fail and the next resume starts from an old snapshot, so they are refused
+unless asked for (then warned about). ``node_identity = "own"`` forwards no store keys at
+all: the node uses its own identity (an instance role). Nothing that only holds here
+travels as if it held there: local paths stay off the task, and an OSS ``-internal``
+endpoint (reachable only inside its region's VPC) becomes the public one.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from burst import events
@@ -48,10 +54,12 @@ from burst.launch.task import (
 from burst.plan import planner
 from burst.plan.replan import Replan, replan
 from burst.resume import entrypoint, mirrors
+from burst.resume import status as run_status
 from burst.resume.node import PLAN_AMP_ENV, PLAN_MARGIN_ENV, PLAN_MICRO_ENV
 from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
 from burst.store import Store, is_local, open_store
+from burst.store.oss import public_endpoint
 from burst.store.settings import OPTIONS, resolve
 
 SECRET_NAMES = {
@@ -62,6 +70,10 @@ PER_TIER = 16  # candidates kept per tier: SkyPilot tries each in turn, on failu
 # Settings that name a file on this machine: a node has no such path, so they never go
 # into the task (the profile's values travel as secrets; the node brings its own files).
 LOCAL_ONLY_SETTINGS = ("profile", "ca_bundle", "ssh_config", "known_hosts", "identity_file")
+# Settings that describe this machine's network: never forwarded as they are (see below).
+HERE_ONLY_SETTINGS = ("internal",)
+TEMPORARY = ("AWS_SESSION_TOKEN", "OSS_SESSION_TOKEN")  # their presence: keys that expire
+NODE_IDENTITIES = ("forward", "own")  # node_identity: pass our keys on, or none at all
 
 
 @dataclass
@@ -87,6 +99,7 @@ class Request:
     skypilot_catalog: bool = False
     remote_node: bool = True  # False only for the local stub: it can read a local store
     dry_run: bool = False  # show everything, change nothing (no push, no launch)
+    temporary_credentials: bool = False  # True: forward a session token, with a warning
 
 
 @dataclass
@@ -124,6 +137,8 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
         if not request.dry_run:
             raise ConfigError(unreachable)
         warnings.append(unreachable)
+    secrets, secret_warnings = secret_values(request)  # before anything changes
+    warnings += secret_warnings
     pushed = None if request.dry_run else push_newer_local(store, request, say)
     manifest = snapshot.read_manifest(store, request.run_id)
     if manifest is None:
@@ -139,9 +154,7 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
                    options=request.options, config=request.config,
                    skypilot=request.skypilot_catalog)
     candidates = fitting(plans, request.micro_batch)
-    secrets, secret_warnings = secret_values(request)
-    warnings += secret_warnings
-    envs = task_envs(request, lock)
+    envs = task_envs(request, lock, warnings)
     if request.software.python is None:  # the node bootstraps: it needs the wheelhouse
         warnings += ensure_wheelhouse(store, request, lock, say)
         mirror_envs, mirror_secrets = mirrors.forwarded()
@@ -169,6 +182,36 @@ def launch(prepared: Prepared, launcher: Launcher, report: Reporter) -> LaunchRe
     record("launch-end", to=launcher.kind, where=result.where, returncode=result.returncode,
            **result.details)
     return result
+
+
+class Attachable(Protocol):
+    """A launcher that can pick up a job it started detached (the ``ssh`` one)."""
+
+    kind: str
+
+    def attach(self, directory: str, pid: int, report: Reporter) -> LaunchResult:
+        """Tail the job in ``directory`` (process ``pid``) until it ends."""
+
+
+def attach(store: Store, run_id: str, launcher_for: Callable[[str], Attachable],
+           report: Reporter, local: Store | None = None) -> LaunchResult:
+    """Re-attach to the run's detached job (``burst resume RUN --attach``): the newest
+    ``ssh-job`` event says where it runs; its log is tailed from the start until it ends,
+    and its end is recorded if the resume that started it did not live to record it. The
+    result's code is the job's own meaning (its nodes' events), as for a launch."""
+    job = run_status.detached_job(run_status.merged_events(store, run_id, local))
+    if job is None:
+        raise ConfigError(f"run {run_id!r} has no detached job in {store.url} to attach to "
+                          "(only burst resume --to ssh:// leaves one)")
+    launcher = launcher_for(job["target"])
+    record = _recorder(store, run_id, report)
+    report.say(f"attaching to {job['where']} (pid {job['pid']}, started {job['since']})")
+    result = launcher.attach(job["dir"], job["pid"], Reporter(report.say, record, report.output))
+    if not job["ended"]:
+        record("launch-end", to=launcher.kind, where=result.where,
+               returncode=result.returncode, attached=True, **result.details)
+    code = run_status.job_ended_with(store, run_id, str(job["since"]), result.returncode)
+    return LaunchResult(code, result.where, result.details)
 
 
 def _recorder(store: Store, run_id: str, report: Reporter) -> Callable[..., None]:
@@ -312,13 +355,14 @@ def recorded_command(store: Store, request: Request) -> list[str]:
 def fitting(plans: Replan, micro_batch: int | None) -> list[planner.Plan]:
     """The fitting candidates in failover order (with a forced micro-batch applied).
 
-    Each tier (spot, then on-demand) keeps its first ``PER_TIER`` entries: a long spot
-    list must not push every on-demand fallback out of the task."""
+    Each tier (own capacity, spot, on-demand, in the planner's order) keeps its first
+    ``PER_TIER`` entries: a long spot list must not push every on-demand fallback out of
+    the task."""
     chosen = [p for p in plans.plans if p.fits]
     if not chosen:
         plans.choose()  # raises the most useful reason
-    spot = [p for p in chosen if p.target.spot][:PER_TIER]
-    chosen = spot + [p for p in chosen if not p.target.spot][:PER_TIER]
+    tiers = [p.target.tier for p in chosen]
+    chosen = [p for i, p in enumerate(chosen) if tiers[:i].count(tiers[i]) < PER_TIER]
     if micro_batch is not None:
         chosen = [p.with_micro_batch(micro_batch) for p in chosen]
     return chosen
@@ -334,9 +378,11 @@ def label(plan: planner.Plan) -> str:
 # -- step 5: envs and secrets ---------------------------------------------------------------
 
 
-def task_envs(request: Request, lock: Lockfile | None = None) -> dict[str, str]:
+def task_envs(request: Request, lock: Lockfile | None = None,
+              warnings: list[str] | None = None) -> dict[str, str]:
     """The run id, the store and its non-secret settings, the planning policy, and the
-    lockfile the node installs (its digest and Python)."""
+    lockfile the node installs (its digest and Python); why a setting changed on the way
+    goes to ``warnings``."""
     url, options = resolve(request.store_url)
     if urlparse(url).scheme in ("", "file"):
         url = open_store(url).url  # absolute: the node's working directory is another
@@ -351,9 +397,8 @@ def task_envs(request: Request, lock: Lockfile | None = None) -> dict[str, str]:
             envs["BURST_PYTHON"] = python
     if request.software.python is None and request.software.burst_spec:
         envs["BURST_SPEC"] = request.software.burst_spec
-    for name, value in options.items():
-        if name not in LOCAL_ONLY_SETTINGS and value is not None:
-            envs[OPTIONS[name]] = str(value)
+    for name, value in node_settings(request, options, warnings).items():
+        envs[OPTIONS[name]] = value
     pem = _ca_certificate(options.get("ca_bundle"))
     if pem is not None:
         envs[CA_BUNDLE_ENV] = pem
@@ -363,6 +408,29 @@ def task_envs(request: Request, lock: Lockfile | None = None) -> dict[str, str]:
         if os.environ.get(name):
             envs[name] = os.environ[name]
     return envs
+
+
+def node_settings(request: Request, options: Mapping[str, Any],
+                  warnings: list[str] | None = None) -> dict[str, str]:
+    """The store settings as they hold on the node: local paths dropped, and an OSS
+    internal endpoint (only reachable inside its region's VPC) swapped for the public one."""
+    said = warnings if warnings is not None else []
+    out = {name: str(value) for name, value in options.items()
+           if name not in LOCAL_ONLY_SETTINGS + HERE_ONLY_SETTINGS and value is not None}
+    if not request.remote_node:
+        out.update({n: str(options[n]) for n in HERE_ONLY_SETTINGS if options.get(n) is not None})
+        return out
+    if str(options.get("internal", "")).strip().lower() in ("1", "true", "yes", "on"):
+        said.append("the store's internal OSS endpoint is reachable only inside its region's "
+                    "VPC: the node uses the public one (set BURST_OSS_INTERNAL=true on a node "
+                    "inside that VPC)")
+    endpoint = out.get("endpoint_url")
+    public = public_endpoint(endpoint) if endpoint else None
+    if public is not None:
+        out["endpoint_url"] = public
+        said.append(f"the store's endpoint {endpoint} is an OSS internal one (reachable only "
+                    f"inside its region's VPC): the node is given {public}")
+    return out
 
 
 def _ca_certificate(path: str | None) -> str | None:
@@ -382,14 +450,22 @@ def secret_values(request: Request) -> tuple[dict[str, str], list[str]]:
     """Credential values the node needs, read from this machine; never written anywhere."""
     url, options = resolve(request.store_url)
     scheme = urlparse(url).scheme.lower()
-    values = {n: os.environ[n] for n in SECRET_NAMES.get(scheme, ()) if os.environ.get(n)}
+    identity = str(options.get("node_identity") or "forward").strip().lower()
+    if identity not in NODE_IDENTITIES:
+        raise ConfigError(f"store setting node_identity must be one of "
+                          f"{', '.join(NODE_IDENTITIES)}, got {identity!r}")
+    values: dict[str, str] = {}
     warnings = []
-    if scheme == "s3" and "AWS_ACCESS_KEY_ID" not in values:
-        values.update(_profile_credentials(options.get("profile")))
-    if scheme in SECRET_NAMES and not values and request.remote_node:
-        names = " and ".join(SECRET_NAMES[scheme][:2])
-        warnings.append(f"no {scheme} credentials here to pass on: set {names}, or the node "
-                        "must have its own (an instance role)")
+    if identity == "forward":
+        values = {n: os.environ[n] for n in SECRET_NAMES.get(scheme, ()) if os.environ.get(n)}
+        if scheme == "s3" and "AWS_ACCESS_KEY_ID" not in values:
+            values.update(_profile_credentials(options.get("profile")))
+        if scheme in SECRET_NAMES and not values and request.remote_node:
+            names = " and ".join(SECRET_NAMES[scheme][:2])
+            warnings.append(f"no {scheme} credentials here to pass on: set {names}, or "
+                            "node_identity = \"own\" for a node with its own (an instance "
+                            "role)")
+        warnings += _temporary(request, scheme, values)
     if scheme in ("gs", "sftp") and request.remote_node:
         warnings.append(f"{scheme}:// credentials are files; the node needs its own "
                         "(burst never copies key files)")
@@ -403,6 +479,20 @@ def secret_values(request: Request) -> tuple[dict[str, str], list[str]]:
             raise ConfigError(f"--secret {name}: ${name} is not set here")
         values[name] = os.environ[name]
     return values, warnings
+
+
+def _temporary(request: Request, scheme: str, values: Mapping[str, str]) -> list[str]:
+    """Refuse (or, when asked, warn about) store keys that carry a session token."""
+    token = next((name for name in TEMPORARY if name in values), None)
+    if token is None:
+        return []
+    problem = (f"the {scheme} credentials here are temporary (they carry ${token}) and would "
+               "expire mid-run, so a later resume starts from an old snapshot: use long-lived "
+               "scoped keys, or node_identity = \"own\" for a node with its own role, or "
+               "pass --allow-temporary-credentials")
+    if request.temporary_credentials or request.dry_run:
+        return [problem]
+    raise ConfigError(problem)
 
 
 def _profile_credentials(profile: str | None) -> dict[str, str]:

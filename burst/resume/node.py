@@ -6,8 +6,10 @@ and builds its frozen environment (or, on a prepared node, checks the one that i
 micro-batch, accumulation and precision for the card it actually finds (NVML; the launch
 side only guessed), and runs the user's entry point under the agent with that plan in the
 environment. New snapshots go to the same store and run id, so a failure here resumes
-again from there. Everything comes from the task's environment: ``BURST_RUN_ID``,
-``BURST_STORE`` (+ its settings), ``BURST_PLAN_*`` and SkyPilot's ``SKYPILOT_*``.
+again from there. In a managed job each start is counted in the store first, and a start
+past the restart bound trains nothing (:mod:`burst.resume.restarts`). Everything comes
+from the task's environment: ``BURST_RUN_ID``, ``BURST_STORE`` (+ its settings),
+``BURST_PLAN_*``, ``BURST_MAX_RESTARTS`` and SkyPilot's ``SKYPILOT_*``.
 """
 
 from __future__ import annotations
@@ -27,10 +29,13 @@ from burst.env.lockfile import LockfileError
 from burst.errors import BurstError, ConfigError
 from burst.plan import planner
 from burst.plan.replan import replan
+from burst.resume import restarts
+from burst.resume import status as run_status
 from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
 from burst.store import Store, open_store
 from burst.supervise.agent import Agent, Policy
+from burst.training import failure
 
 NODE_DIR_ENV = "BURST_NODE_DIR"
 GPU_ENV = "BURST_NODE_GPU"  # "cpu" or a card name: what NVML would say (tests, odd drivers)
@@ -253,12 +258,17 @@ def _forced_micro(environ: Mapping[str, str]) -> int | None:
 
 def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | None,
         venv: Path, local_dir: Path, say: Say = print) -> int:
-    """Pull, check, re-plan, train; the exit code is burst's code for how training ended
-    (86, 87, 88 from the ranks' failure records even when torchrun exits 1; else the
-    training process's status, 128+N for a signal), so SkyPilot's
-    ``recover_on_exit_codes`` sees burst's failure codes."""
+    """Count this start, pull, check, re-plan, train; the exit code is burst's code for
+    how training ended (86, 87, 88 from the ranks' failure records even when torchrun exits
+    1; else the training process's status, 128+N for a signal), so SkyPilot's
+    ``recover_on_exit_codes`` sees burst's failure codes; 89 for a start over the restart
+    bound. An OOM the agent could not shrink away ends with 86, which SkyPilot does not
+    recover: a new node of the same list would run out of memory the same way."""
     store = open_store(store_url)
     local = open_store(str(local_dir))
+    start = restarts.claim(store, run_id, host=os.uname().nodename)
+    if start is not None and start.over:
+        return _refuse_restart(store, local, run_id, start, say)
     transfer = sync.pull(store, local, run_id, log=say)
     say(f"pulled snapshot {run_id}@{transfer.step} ({transfer.bytes_sent} bytes fetched)")
     interpreter = python or str(venv / "bin" / "python")
@@ -270,7 +280,8 @@ def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | No
     for note in plan.notes:
         say(f"plan: {note}")
     say("plan: " + " ".join(f"{k}={v}" for k, v in plan.env.items()))
-    _record(local, run_id, "node-start", step=transfer.step, plan=plan.summary, **_where())
+    _record(local, run_id, "node-start", step=transfer.step, plan=plan.summary,
+            restarts=None if start is None else start.restarts, **_where())
     env = {**plan.env, "BURST_LOCAL": str(local_dir), "PATH": _path_with(interpreter),
            "BURST_RUN_ID": run_id, "BURST_STORE": store_url}
     agent = Agent(list(command), run_id=run_id, store=local, store_url=store_url,
@@ -283,6 +294,26 @@ def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | No
             message=outcome.message, rank=last.rank if last else None, **_where())
     _publish_history(local, store, run_id, say)
     return code
+
+
+def _refuse_restart(store: Store, local: Store, run_id: str, start: restarts.Start,
+                    say: Say) -> int:
+    """Over the restart bound: train nothing, say why in the run's history, and exit with a
+    code SkyPilot does not recover, so the managed job ends here."""
+    history = run_status.merged_events(store, run_id, None)
+    code = run_status.decisive_code(
+        e.get("returncode") for e in history
+        if e.get("event") == "node-exit" and e.get("task_id") == start.task_id
+    ) or failure.EXIT_STOPPED
+    message = (f"this managed job has restarted {start.restarts} times, over the bound of "
+               f"{start.bound} (--max-restarts): stopping it here rather than paying for "
+               f"another machine (its worst ending: "
+               f"{failure.EXIT_KINDS.get(code) or failure.describe_exit(code)})")
+    say(message)
+    _record(local, run_id, "restart-limit", restarts=start.restarts, bound=start.bound,
+            code=code, record=start.number, message=message, **_where())
+    _publish_history(local, store, run_id, say)
+    return restarts.EXIT_RESTART_LIMIT
 
 
 def _path_with(python: str) -> str:

@@ -14,6 +14,13 @@ invisible on every backend (each store write is atomic, :mod:`burst.store.base`)
    (a visible manifest whose blob is gone would be a broken snapshot);
 5. delete the marker.
 
+Right before step 3, and again right after it, the commit checks the run's lineage fence
+(:func:`burst.snapshot.lineage.check`, one ``LIST`` each): a launch that a newer launch of
+the run replaced (a local training after ``burst schedule`` burst it to the cloud) gets
+:class:`~burst.snapshot.lineage.FencedError` instead of a manifest, and a manifest that
+landed in the window between the two checks is deleted again (the module doc of
+:mod:`burst.snapshot.lineage` says why this bounds the split brain).
+
 A crash or a failed write anywhere before step 3 leaves garbage blobs (GC collects them)
 and no manifest, so the store still shows exactly what it showed before: a failed upload
 leaves the previous snapshot intact.
@@ -45,6 +52,7 @@ from concurrent.futures import ThreadPoolExecutor
 from burst import killpoints
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
+from burst.snapshot import lineage
 from burst.store.base import Store
 from burst.store.retry import DEFAULT_RETRY, RetryPolicy, retry
 
@@ -78,12 +86,19 @@ def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str,
 
     _each(write, sorted(blobs, key=blobs.__getitem__, reverse=True))
     killpoints.hit(f"{points}.blobs-written")
+    try:
+        lineage.check(dst, run_id, manifest, publishing=not overwrite, policy=policy)
+    except lineage.FencedError:
+        retry(lambda: dst.delete(marker), policy)  # the blobs are garbage for GC
+        raise
     if overwrite:
         retry(lambda: dst.put(key, manifest), policy)
         written = True
     else:
         written = retry(lambda: dst.put_if_absent(key, manifest), policy)
     killpoints.hit(f"{points}.manifest-written")
+    if written:
+        _recheck(dst, run_id, key, manifest, overwrite, marker, policy)
 
     def repair(digest: str) -> None:  # a GC raced us between the blob and the manifest
         if retry(lambda: dst.size(fmt.blob_key(run_id, digest)), policy) != blobs[digest]:
@@ -95,6 +110,27 @@ def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str,
     retry(lambda: dst.delete(marker), policy)
     killpoints.hit(f"{points}.marker-deleted")
     return written
+
+
+def _recheck(dst: Store, run_id: str, key: str, manifest: bytes, overwrite: bool,
+             marker: str, policy: RetryPolicy) -> None:
+    """The fence again, after the manifest landed (:mod:`burst.snapshot.lineage`, "the
+    window"): a newer launch that took over meanwhile gets the manifest taken back."""
+    try:
+        lineage.check(dst, run_id, manifest, publishing=not overwrite, policy=policy)
+    except lineage.FencedError:
+        # put_if_absent wrote it, so it is ours; an overwrite only while it still is
+        if not overwrite or _holds(dst, key, manifest, policy):
+            retry(lambda: dst.delete(key), policy)
+        retry(lambda: dst.delete(marker), policy)
+        raise
+
+
+def _holds(dst: Store, key: str, manifest: bytes, policy: RetryPolicy) -> bool:
+    try:
+        return retry(lambda: dst.get(key), policy) == manifest
+    except KeyError:
+        return False
 
 
 def _land(dst: Store, run_id: str, digest: str, size: int, land: Land, points: str,

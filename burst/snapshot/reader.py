@@ -9,7 +9,9 @@ restoring tensors needs torch, and that lives in :mod:`burst.snapshot.tensors`.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
+from typing import Protocol, TypeVar, runtime_checkable
 
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
@@ -43,23 +45,54 @@ def read_manifest_bytes(store: Store, run_id: str, step: int) -> tuple[bytes, di
     except KeyError:
         raise SnapshotError(f"run {run_id!r} has no snapshot at step {step} in "
                             f"{store.url}") from None
-    return raw, fmt.parse_manifest(raw, run_id=run_id, source=f"snapshot {run_id}@{step}")
+    return raw, fmt.parse_manifest(raw, run_id=run_id, step=step,
+                                   source=f"snapshot {run_id}@{step}")
 
 
 def check_manifest_size(store: Store, key: str) -> None:
-    """Refuse to read a "manifest" bigger than any real one (a hostile or broken store)."""
+    """Refuse to read a "manifest" bigger than any real one (a hostile or broken store):
+    its size is asked first, so a huge one is never downloaded or parsed."""
     size = store.size(key)
     if size is not None and size > fmt.MAX_MANIFEST_BYTES:
-        raise SnapshotError(f"{key} in {store.url} is {size} bytes: too big to be a manifest")
+        raise SnapshotError(f"{key} in {store.url} is {size} bytes: too big to be a manifest "
+                            f"(at most {fmt.MAX_MANIFEST_BYTES >> 20} MiB)")
+
+
+def newest_intact(store: Store, run_id: str, log: Callable[[str], None]) -> dict | None:
+    """The newest snapshot whose manifest parses and whose every blob verifies; None if
+    the run has none at all.
+
+    The one fallback rule for every store (a pull from a remote applies the same one):
+    a damaged newer snapshot is skipped for the next older one, and each skip is told to
+    ``log`` (a warning and an event, where a run resumes), never silently. If no snapshot
+    is intact, the newest one's failure is raised: starting over would lose the run.
+    """
+    steps = list_steps(store, run_id)
+    failures: list[str] = []
+    for index, step in enumerate(reversed(steps)):
+        try:
+            return verify(store, run_id, step)
+        except SnapshotError as exc:
+            failures.append(f"step {step}: {exc}")
+            if index + 1 < len(steps):
+                log(f"snapshot {run_id}@{step} is unusable ({exc}); falling back to step "
+                    f"{steps[-index - 2]}")
+    if not failures:
+        return None
+    raise SnapshotError(f"no snapshot of run {run_id!r} in {store.url} is intact; newest "
+                        f"failure: {failures[0]}")
 
 
 def read_blob(store: Store, run_id: str, digest: str, size: int,
-              allocate: Callable[[int], Buffer] = bytearray) -> Buffer:
+              allocate: Callable[[int], Buffer] = bytearray, *,
+              check_hash: bool = True) -> Buffer:
     """One blob's bytes, size- and hash-checked, in a buffer from ``allocate(size)``.
 
     The size comes from the manifest and is checked against the store before anything is
     allocated, so a hostile store cannot make this allocate more than the manifest said.
     A restore passes an allocator of tensor memory; ``verify`` takes plain bytes.
+    ``check_hash=False`` only for a blob this process has just verified in its own local
+    tier (:func:`newest_intact` then the restore): hashing it twice doubles a restore.
     """
     key = fmt.blob_key(run_id, digest)
     actual = store.size(key)
@@ -75,16 +108,48 @@ def read_blob(store: Store, run_id: str, digest: str, size: int,
     view = memoryview(buffer).cast("B") if size else memoryview(bytearray())
     if store.read_into(key, view) != size:
         raise SnapshotError(f"blob {digest[:12]} changed size while being read")
-    if fmt.sha256(view) != digest:
+    if check_hash and fmt.sha256(view) != digest:
         raise SnapshotError(f"blob {digest[:12]} is corrupt: its bytes do not match its hash")
     return buffer
 
 
+@runtime_checkable
+class Mapped(Protocol):
+    """A store that maps an object's bytes read-only (:meth:`burst.store.LocalStore.view`)."""
+
+    def view(self, key: str) -> AbstractContextManager[memoryview]: ...
+
+
+def check_blob(store: Store, run_id: str, digest: str, size: int) -> None:
+    """Check one blob's size and hash, keeping none of its bytes: hashed straight from the
+    file's pages where the store maps them (a local tier: no buffer to allocate and fill),
+    else read into scratch memory."""
+    if not isinstance(store, Mapped):
+        read_blob(store, run_id, digest, size)
+        return
+    try:
+        with store.view(fmt.blob_key(run_id, digest)) as view:
+            if len(view) != size:
+                raise SnapshotError(f"blob {digest[:12]} is {len(view)} bytes, the manifest "
+                                    f"says {size}")
+            if fmt.sha256(view) != digest:
+                raise SnapshotError(f"blob {digest[:12]} is corrupt: its bytes do not match "
+                                    "its hash")
+    except KeyError:
+        raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is missing from the "
+                            "store") from None
+
+
 def verify(store: Store, run_id: str, step: int | None = None) -> dict:
-    """Check one snapshot end to end (manifest, every blob's size and hash); return it."""
+    """Check one snapshot end to end (manifest, every blob's size and hash); return it.
+    Blobs are checked a few at a time (hashing lets go of the GIL)."""
     manifest = read_manifest(store, run_id, step)
     if manifest is None:
         raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")
-    for digest, info in manifest["blobs"].items():
-        read_blob(store, run_id, digest, info["size"])
+    blobs = manifest["blobs"]
+    with ThreadPoolExecutor(min(4, len(blobs) or 1), thread_name_prefix="burst-verify") as pool:
+        checks = [pool.submit(check_blob, store, run_id, digest, info["size"])
+                  for digest, info in blobs.items()]
+        for check in checks:
+            check.result()
     return manifest

@@ -14,7 +14,9 @@ Deleting is ordered so that no crash and no concurrent upload can break a kept s
    blobs are gone), then blobs that nothing kept or in flight references.
 
 A kept manifest that cannot be read stops the blob sweep: burst would rather keep garbage
-than guess. Markers older than ``marker_ttl`` belong to pushes that died and are removed.
+than guess. Markers older than ``marker_ttl`` belong to pushes that died and are removed,
+and so are the temporary files of writes killed before their rename (a store that writes
+through temporaries, such as a local directory, sweeps those it holds).
 """
 
 from __future__ import annotations
@@ -31,6 +33,10 @@ from burst.snapshot.reader import list_steps, read_manifest
 from burst.store.base import Store
 
 MARKER_TTL = 24 * 3600.0
+# A temporary idle this long belongs to a write that died: the marker of any upload still
+# alive is younger (GC already treats older ones as dead), and a live writer touches its
+# temporary as it writes. Far above the seconds a marker or blob write takes.
+TEMP_TTL = MARKER_TTL
 
 
 @dataclass
@@ -40,6 +46,7 @@ class GCReport:
     blobs_deleted: int = 0
     bytes_freed: int = 0
     protected_in_flight: int = 0
+    temporaries_deleted: int = 0
     dry_run: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -72,6 +79,7 @@ def gc(store: Store, run_id: str, keep_last: int = 3, keep_every: int | None = N
     referenced = _referenced(store, run_id, report.kept)
     killpoints.hit("gc.decided")
     if not dry_run:
+        report.temporaries_deleted = sweep_temporaries(store, run_id)
         for step in report.dropped:
             store.delete(fmt.manifest_key(run_id, step))
             killpoints.hit("gc.manifest-deleted")
@@ -88,6 +96,14 @@ def gc(store: Store, run_id: str, keep_last: int = 3, keep_every: int | None = N
             store.delete(key)
             killpoints.hit("gc.blob-deleted")
     return report
+
+
+def sweep_temporaries(store: Store, run_id: str, older_than: float = TEMP_TTL) -> int:
+    """Remove the run's temporaries that writes killed mid-way left (older than
+    ``older_than`` seconds); return how many. Object stores have none: their writes
+    are atomic on the server."""
+    sweep = getattr(store, "sweep_temporaries", None)
+    return int(sweep(f"{run_id}/", older_than)) if sweep is not None else 0
 
 
 def _referenced(store: Store, run_id: str, steps: list[int]) -> set[str]:

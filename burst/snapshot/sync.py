@@ -11,17 +11,22 @@ only what changed, and a killed upload resume without re-sending what it had fin
 Push hash-checks each blob before it leaves, so a corrupt local copy is never published.
 Pull fetches each blob straight into a temporary file, checks its hash, and renames it
 into place; a missing or corrupt blob fails that snapshot and pull falls back to the
-newest older complete one, saying so.
+newest older complete one, saying so. From a store that reads in parts (S3, OSS:
+:class:`PartReader`) a blob comes down as parallel ranged GETs and each part is hashed as
+soon as it has landed, while the later ones are still on the wire, so verifying costs
+little more than the download itself; a cut-off part is fetched again on its own.
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from burst import events
 from burst.errors import SnapshotError
@@ -82,10 +87,21 @@ def push(src: Store, dst: Store, run_id: str, step: int | None = None, *, every:
     if step is not None and step not in steps:
         raise SnapshotError(f"run {run_id!r} has no snapshot at step {step} in {src.url}")
     chosen = steps if every else [step if step is not None else steps[-1]]
-    transfers = [push_snapshot(src, dst, run_id, s, progress=progress, policy=policy)
+    overall = _one_bar(progress, src, run_id, chosen)
+    transfers = [push_snapshot(src, dst, run_id, s, progress=overall, policy=policy)
                  for s in chosen]
     copy_extras(src, dst, run_id, policy)
     return transfers
+
+
+def _one_bar(progress: Progress | None, src: Store, run_id: str, steps: list[int]
+             ) -> Progress | None:
+    """One bar for several snapshots: each reports its own total, the bar shows their sum
+    (shared blobs count in every snapshot that has them: sent once, then found there)."""
+    if progress is None or len(steps) < 2:
+        return progress
+    grand = sum(sum(_sizes(read_manifest_bytes(src, run_id, s)[1]).values()) for s in steps)
+    return lambda n, _total: progress(n, grand)
 
 
 def push_snapshot(src: Store, dst: Store, run_id: str, step: int, *,
@@ -145,13 +161,19 @@ def source_view(store: Store, key: str, size: int) -> Iterator[memoryview]:
 def copy_extras(src: Store, dst: Store, run_id: str,
                 policy: RetryPolicy = DEFAULT_RETRY) -> int:
     """Copy the run's other files (lockfile, code archive, events) that ``dst`` lacks or
-    holds in another version (the side that is copying from has the newer one)."""
+    holds in another version (the side that is copying from has the newer one).
+
+    Every call goes through the retry policy, reads as much as writes: a truncated GET of
+    a lockfile must not fail a pull whose snapshot already landed."""
     copied = int(retry(lambda: events.merge(src, dst, run_id), policy))
     for directory in EXTRA_DIRS:
         for key in retry(lambda d=directory: src.list(f"{run_id}/{d}"), policy):
-            size = src.size(key)
+            size = retry(lambda k=key: src.size(k), policy)
             if size is not None and retry(lambda k=key: dst.size(k), policy) != size:
-                data = src.get(key)
+                try:
+                    data = retry(lambda k=key: src.get(k), policy)
+                except KeyError:
+                    continue  # removed since the listing: nothing to copy
                 retry(lambda k=key, d=data: dst.put(k, d), policy)
                 copied += 1
     return copied
@@ -162,11 +184,12 @@ def copy_extras(src: Store, dst: Store, run_id: str,
 
 def pull(src: Store, dst: Store, run_id: str, step: int | None = None, *,
          progress: Progress | None = None, log: Log | None = None,
-         policy: RetryPolicy = DEFAULT_RETRY) -> Transfer:
+         policy: RetryPolicy = DEFAULT_RETRY, kept: Kept | None = None) -> Transfer:
     """Pull the newest complete snapshot (at or before ``step``) that verifies.
 
     A snapshot with a missing or corrupt blob is skipped for the next older one; each
-    fallback is reported through ``log`` and recorded in ``Transfer.fallbacks``.
+    fallback is reported through ``log`` and recorded in ``Transfer.fallbacks``. With
+    ``kept``, every blob downloaded also stays in memory (see :class:`Kept`).
     """
     steps = retry(lambda: list_steps(src, run_id), policy)
     if not steps:
@@ -178,7 +201,7 @@ def pull(src: Store, dst: Store, run_id: str, step: int | None = None, *,
     for index, candidate in enumerate(candidates):
         try:
             transfer = pull_snapshot(src, dst, run_id, candidate, progress=progress,
-                                     policy=policy)
+                                     policy=policy, kept=kept)
         except SnapshotError as exc:
             fallbacks.append(f"step {candidate}: {exc}")
             if log and index + 1 < len(candidates):
@@ -193,8 +216,8 @@ def pull(src: Store, dst: Store, run_id: str, step: int | None = None, *,
 
 
 def pull_snapshot(src: Store, dst: Store, run_id: str, step: int, *,
-                  progress: Progress | None = None, policy: RetryPolicy = DEFAULT_RETRY
-                  ) -> Transfer:
+                  progress: Progress | None = None, policy: RetryPolicy = DEFAULT_RETRY,
+                  kept: Kept | None = None) -> Transfer:
     """Copy one snapshot from ``src`` into ``dst``, every blob verified, manifest last."""
     started = time.monotonic()
     raw, manifest = retry(lambda: read_manifest_bytes(src, run_id, step), policy)
@@ -202,7 +225,7 @@ def pull_snapshot(src: Store, dst: Store, run_id: str, step: int, *,
     transfer = Transfer(run_id, step, total_bytes=sum(blobs.values()))
 
     def land(digest: str, size: int) -> None:
-        retry(lambda: fetch_blob(src, dst, run_id, digest, size), policy)
+        fetch_blob(src, dst, run_id, digest, size, policy, kept)
 
     commit(dst, run_id, step, raw, blobs, land, overwrite=True, points="pull", policy=policy,
            on_blob=_counter(transfer, progress))
@@ -210,28 +233,121 @@ def pull_snapshot(src: Store, dst: Store, run_id: str, step: int, *,
     return transfer
 
 
-def fetch_blob(src: Store, dst: Store, run_id: str, digest: str, size: int) -> None:
-    """Download one blob, check its size and hash, and only then make it visible."""
+Write = Callable[[int, bytes], None]  # (offset, bytes): lands one chunk of a download
+HASH_CHUNK = 1 << 20  # a landed part is read back and hashed this much at a time
+
+
+class Kept:
+    """Blobs a pull keeps in memory as well, for a caller about to restore them (a resuming
+    run): verified there, they need not be read back from the local tier and hashed again.
+
+    Each blob downloaded lands in ``allocate(size)`` (tensor memory, say), is hashed there,
+    and only then written to the local tier; ``blobs`` maps its digest to that buffer.
+    Blobs the local tier already had are not downloaded, so not kept: read those there.
+    """
+
+    def __init__(self, allocate: Callable[[int], Any] = bytearray) -> None:
+        self.allocate = allocate
+        self.blobs: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def add(self, digest: str, buffer: Any) -> None:
+        with self._lock:
+            self.blobs[digest] = buffer
+
+
+@runtime_checkable
+class PartReader(Protocol):
+    """A store that downloads an object in parallel parts and says, in order, when each
+    has landed (:meth:`burst.store.s3.S3Store.read_parts`)."""
+
+    def read_parts(self, key: str, size: int, write: Write, *,
+                   policy: RetryPolicy = DEFAULT_RETRY) -> Iterator[tuple[int, int]]: ...
+
+
+def fetch_blob(src: Store, dst: Store, run_id: str, digest: str, size: int,
+               policy: RetryPolicy = DEFAULT_RETRY, kept: Kept | None = None) -> None:
+    """Download one blob, check its size and hash, and only then make it visible.
+
+    Into a local tier the bytes land in a temporary file that is renamed into place only
+    once the hash matched; retries go through ``policy`` (per part where the store reads
+    in parts, else per blob). With ``kept`` they land in its memory first."""
     key = fmt.blob_key(run_id, digest)
+    try:
+        if kept is not None:
+            buffer = kept.allocate(size)
+            view = memoryview(buffer).cast("B") if size else memoryview(bytearray())
+            _to_memory(src, key, digest, view, policy)
+            retry(lambda: dst.put(key, view), policy)
+            kept.add(digest, buffer)
+        elif isinstance(src, PartReader) and isinstance(dst, LocalStore):
+            dst.put_written(key, size, lambda fd: _check(src.url, digest, _parts_to_file(
+                src, key, size, fd, policy)))
+        elif isinstance(dst, LocalStore):
+            dst.put_filled(key, size, lambda view: _check(src.url, digest, retry(
+                lambda: _whole(src, key, view), policy)))
+        else:
+            view = memoryview(bytearray(size))
+            _to_memory(src, key, digest, view, policy)
+            retry(lambda: dst.put(key, view), policy)
+    except KeyError:
+        raise SnapshotError(f"blob {digest[:12]} is missing from {src.url}") from None
 
-    def fill(view: memoryview) -> None:
-        try:
-            actual = src.read_into(key, view)
-        except KeyError:
-            raise SnapshotError(f"blob {digest[:12]} is missing from {src.url}") from None
-        if actual != size:
-            raise SnapshotError(f"blob {digest[:12]} is {actual} bytes in {src.url}, "
-                                f"the manifest says {size}")
-        if fmt.sha256(view) != digest:
-            raise SnapshotError(f"blob {digest[:12]} is corrupt in {src.url}: "
-                                "its bytes do not match its hash")
 
-    if isinstance(dst, LocalStore):
-        dst.put_filled(key, size, fill)
-        return
-    buffer = memoryview(bytearray(size))
-    fill(buffer)
-    dst.put(key, buffer)
+def _to_memory(src: Store, key: str, digest: str, view: memoryview,
+               policy: RetryPolicy) -> None:
+    """Download into ``view`` and check the hash."""
+    if isinstance(src, PartReader):
+        _check(src.url, digest, _parts_to_memory(src, key, view, policy))
+    else:
+        _check(src.url, digest, retry(lambda: _whole(src, key, view), policy))
+
+
+def _check(url: str, digest: str, actual: str) -> None:
+    if actual != digest:
+        raise SnapshotError(f"blob {digest[:12]} is corrupt in {url}: "
+                            "its bytes do not match its hash")
+
+
+def _parts_to_file(src: PartReader, key: str, size: int, fd: int,
+                   policy: RetryPolicy) -> str:
+    """Download into ``fd`` by parts; hash each part as soon as it has landed, read back
+    while the later parts are still on the wire (hashlib lets go of the GIL)."""
+
+    def write(offset: int, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            written = os.pwrite(fd, view, offset)
+            view, offset = view[written:], offset + written
+
+    hasher, chunk = hashlib.sha256(), bytearray(HASH_CHUNK)
+    for start, end in src.read_parts(key, size, write, policy=policy):
+        for offset in range(start, end, HASH_CHUNK):
+            n = os.preadv(fd, [memoryview(chunk)[: min(HASH_CHUNK, end - offset)]], offset)
+            hasher.update(memoryview(chunk)[:n])
+    return hasher.hexdigest()
+
+
+def _parts_to_memory(src: PartReader, key: str, buffer: memoryview,
+                     policy: RetryPolicy) -> str:
+    """Download into ``buffer`` by parts, hashing each as soon as it has landed."""
+
+    def write(offset: int, data: bytes) -> None:
+        buffer[offset : offset + len(data)] = data
+
+    hasher = hashlib.sha256()
+    for start, end in src.read_parts(key, len(buffer), write, policy=policy):
+        hasher.update(buffer[start:end])
+    return hasher.hexdigest()
+
+
+def _whole(src: Store, key: str, view: memoryview) -> str:
+    """Read the whole object into ``view``, check its size, then hash it."""
+    actual = src.read_into(key, view)
+    if actual != len(view):
+        raise SnapshotError(f"{key} is {actual} bytes in {src.url}, the manifest says "
+                            f"{len(view)}")
+    return fmt.sha256(view)
 
 
 # -- helpers ----------------------------------------------------------------------------

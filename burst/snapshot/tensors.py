@@ -8,7 +8,7 @@ in :mod:`burst.snapshot.format`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -17,8 +17,9 @@ import torch
 
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
-from burst.snapshot import reader
+from burst.snapshot import reader, sync
 from burst.store.base import Store
+from burst.store.retry import DEFAULT_RETRY, RetryPolicy
 
 # The format's dtypes this torch has (older ones lack the unsigned and float8 kinds).
 DTYPES: dict[str, torch.dtype] = {
@@ -109,9 +110,10 @@ def tensors_from_blob(
     return out
 
 
-def read_blob(store: Store, run_id: str, digest: str, size: int) -> torch.Tensor:
+def read_blob(store: Store, run_id: str, digest: str, size: int, *,
+              check_hash: bool = True) -> torch.Tensor:
     """One blob's bytes as a uint8 tensor, size- and hash-checked (:func:`reader.read_blob`)."""
-    data = reader.read_blob(store, run_id, digest, size, _allocate)
+    data = reader.read_blob(store, run_id, digest, size, _allocate, check_hash=check_hash)
     return torch.from_numpy(data)
 
 
@@ -119,8 +121,14 @@ def _allocate(size: int) -> Any:
     return torch.empty(size, dtype=torch.uint8).numpy()
 
 
-def load_tensors(store: Store, manifest: dict) -> dict[str, torch.Tensor]:
-    """Read and verify every blob of ``manifest``; return its tensors (views into the blobs)."""
+def load_tensors(store: Store, manifest: dict, kept: Mapping[str, Any] | None = None, *,
+                 verified: bool = False) -> dict[str, torch.Tensor]:
+    """Read and verify every blob of ``manifest``; return its tensors (views into the blobs).
+
+    Blobs in ``kept`` (digest -> the verified buffer a pull left them in) are used where
+    they are instead of being read again (:func:`pull_tensors`). ``verified``: this
+    process has just checked every blob's hash in ``store`` (a local tier it owns), so
+    sizes are checked and hashes are not computed a second time."""
     _check_dtypes(manifest)
     by_blob: dict[str, list[str]] = {}
     for name, entry in manifest["tensors"].items():
@@ -128,7 +136,11 @@ def load_tensors(store: Store, manifest: dict) -> dict[str, torch.Tensor]:
     run_id = manifest["run_id"]
 
     def load(digest: str) -> dict[str, torch.Tensor]:
-        data = read_blob(store, run_id, digest, manifest["blobs"][digest]["size"])
+        if kept is not None and digest in kept:
+            data = torch.from_numpy(kept[digest])
+        else:
+            data = read_blob(store, run_id, digest, manifest["blobs"][digest]["size"],
+                             check_hash=not verified)
         return tensors_from_blob(manifest, digest, data, by_blob[digest])
 
     tensors: dict[str, torch.Tensor] = {}
@@ -136,6 +148,22 @@ def load_tensors(store: Store, manifest: dict) -> dict[str, torch.Tensor]:
         for part in pool.map(load, by_blob):
             tensors.update(part)
     return tensors
+
+
+def pull_tensors(src: Store, dst: Store, run_id: str, step: int | None = None, *,
+                 log: sync.Log | None = None, policy: RetryPolicy = DEFAULT_RETRY
+                 ) -> tuple[sync.Transfer, dict, dict[str, torch.Tensor]]:
+    """Pull the newest intact snapshot (at or before ``step``) into ``dst`` and return it
+    with its tensors, for a run that resumes from it at once.
+
+    Each downloaded blob lands in tensor memory, is hashed there, and is written to
+    ``dst`` from there (:class:`burst.snapshot.sync.Kept`): the restore reads nothing back
+    from the local tier except the blobs it already had, which are verified as read."""
+    kept = sync.Kept(_allocate)
+    transfer = sync.pull(src, dst, run_id, step, log=log, policy=policy, kept=kept)
+    manifest = reader.read_manifest(dst, run_id, transfer.step)
+    assert manifest is not None  # the pull just committed it
+    return transfer, manifest, load_tensors(dst, manifest, kept=kept.blobs)
 
 
 def _check_dtypes(manifest: dict) -> None:

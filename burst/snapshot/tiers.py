@@ -19,9 +19,9 @@ from __future__ import annotations
 import threading
 import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
@@ -33,6 +33,8 @@ from burst.snapshot.commit import commit
 from burst.snapshot.reader import list_steps
 from burst.snapshot.tensors import Blob, layout_blobs, tensor_entry
 from burst.store.base import Store
+
+_POOL_BYTES = 16 << 20  # hash a snapshot this small on the persister thread alone
 
 
 @dataclass
@@ -92,8 +94,13 @@ class Tiers:
         run_id: str,
         keep: int | None = 3,
         on_commit: Callable[[dict], None] | None = None,
+        stamp: Mapping[str, Any] | None = None,
+        complete_meta: Callable[[dict], dict] | None = None,
     ) -> None:
         self.store, self.run_id, self.keep = store, run_id, keep
+        # fills in what a capture's meta left open (on this thread, before the write)
+        self.complete_meta = complete_meta
+        self.stamp = stamp  # the launch's lineage fields (burst.snapshot.lineage), on each
         self.on_commit = on_commit
         self._sets = [ShadowBuffers(), ShadowBuffers()]
         self._cond = threading.Condition()
@@ -103,6 +110,10 @@ class Tiers:
         self._running = False
         self._error: BaseException | None = None
         self.committed_step: int | None = None
+        # what the background work of the newest persist took (hash, write, commit, prune):
+        # the adaptive interval (burst.training.adaptive) weighs it; ``writes`` counts them
+        self.last_write_seconds: float | None = None
+        self.writes = 0
 
     def capture(self, step: int, tree: dict, live: dict[str, torch.Tensor], meta: dict,
                 persist: bool = False) -> Captured:
@@ -148,10 +159,15 @@ class Tiers:
                     self._cond.notify_all()
                     return
             try:
-                manifest = write_snapshot(self.store, self.run_id, captured)
+                started = time.monotonic()
+                if self.complete_meta is not None:
+                    captured = replace(captured, meta=self.complete_meta(captured.meta))
+                manifest = write_snapshot(self.store, self.run_id, captured, self.stamp)
                 self.committed_step = captured.step
                 if self.keep:
                     prune(self.store, self.run_id, self.keep)
+                self.last_write_seconds = time.monotonic() - started
+                self.writes += 1
                 if self.on_commit:
                     self.on_commit(manifest)
             except BaseException as exc:  # surfaced to the training thread by flush()
@@ -190,14 +206,23 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def write_snapshot(store: Store, run_id: str, captured: Captured) -> dict:
+def write_snapshot(store: Store, run_id: str, captured: Captured,
+                   stamp: Mapping[str, Any] | None = None) -> dict:
     """Commit ``captured`` into ``store`` (:func:`burst.snapshot.commit.commit`); return
     its manifest. A snapshot of a step the store already has replaces it: the persister is
     its tier's only writer, and a second commit of a step is the same state saved again
-    under a newer reason (an OOM or a signal after a periodic snapshot)."""
+    under a newer reason (an OOM or a signal after a periodic snapshot). ``stamp``, the
+    launch's lineage fields (:meth:`burst.snapshot.lineage.Lineage.stamp`), goes into the
+    manifest, and the commit refuses it once a newer launch of the run took over."""
     blobs = layout_blobs(captured.tensors)
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        digests = list(pool.map(lambda b: fmt.sha256(b.payload(captured.tensors)), blobs))
+    def digest_of(blob: Blob) -> str:
+        return fmt.sha256(blob.payload(captured.tensors))
+
+    if sum(b.size for b in blobs) < _POOL_BYTES:  # threads would cost more than they save
+        digests = [digest_of(b) for b in blobs]
+    else:
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            digests = list(pool.map(digest_of, blobs))
     by_digest: dict[str, Blob] = dict(zip(digests, blobs, strict=True))
     tensor_entries: dict[str, dict] = {}
     for blob, digest in zip(blobs, digests, strict=True):
@@ -205,6 +230,7 @@ def write_snapshot(store: Store, run_id: str, captured: Captured) -> dict:
             tensor_entries[name] = tensor_entry(captured.tensors[name], digest, offset)
     manifest = {
         **captured.meta,
+        **(stamp or {}),
         "format": fmt.FORMAT_VERSION,
         "run_id": run_id,
         "step": captured.step,

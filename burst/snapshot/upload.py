@@ -20,6 +20,7 @@ from collections.abc import Callable
 
 from burst.errors import BurstError, StoreError
 from burst.snapshot.reader import list_steps
+from burst.snapshot.retention import sweep_temporaries
 from burst.snapshot.sync import Transfer, copy_extras, push_snapshot
 from burst.store.base import Store
 from burst.store.retry import DEFAULT_RETRY, RetryPolicy
@@ -39,6 +40,10 @@ class UploadQueue:
         self._thread: threading.Thread | None = None
         self._error: BurstError | None = None
         self.uploaded: list[Transfer] = []
+        # seconds from submit (the local commit) to stored, of the newest upload: how stale
+        # the store's newest snapshot can be (the spot persist interval is sized by it)
+        self.last_seconds: float | None = None
+        self._submitted = 0.0
         self.skipped: list[int] = []
 
     def submit(self, step: int) -> None:
@@ -48,7 +53,7 @@ class UploadQueue:
                 if self._pending >= step:
                     return
                 self.skipped.append(self._pending)
-            self._pending = step
+            self._pending, self._submitted = step, time.monotonic()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._work, name="burst-upload",
                                                 daemon=True)
@@ -56,7 +61,11 @@ class UploadQueue:
             self._cond.notify_all()
 
     def catch_up(self) -> None:
-        """After a restart: queue the newest local snapshot (a no-op push if it is there)."""
+        """After a restart: queue the newest local snapshot (a no-op push if it is there),
+        and clear the stale temporaries a killed write left in either store."""
+        for store in (self.local, self.remote):
+            with contextlib.suppress(BurstError, OSError):  # housekeeping never stops uploads
+                sweep_temporaries(store, self.run_id)
         steps = list_steps(self.local, self.run_id)
         if steps:
             self.submit(steps[-1])
@@ -91,6 +100,7 @@ class UploadQueue:
                 while self._pending is None:
                     self._cond.wait()
                 step, self._pending, self._active = self._pending, None, self._pending
+                submitted = self._submitted
             try:
                 transfer = push_snapshot(self.local, self.remote, self.run_id, step,
                                          policy=self.policy)
@@ -101,6 +111,7 @@ class UploadQueue:
                 failure = StoreError(f"uploading {self.run_id}@{step} failed: {exc!r}")
             else:
                 failure = None
+                self.last_seconds = time.monotonic() - submitted
                 self.uploaded.append(transfer)
                 if self.on_uploaded:
                     with contextlib.suppress(Exception):  # a hook must not stop uploads

@@ -62,7 +62,7 @@ def capture(components: Components, extra: dict, rng_state: dict | None = None,
         "optimizer": _state_dict(components.optimizer),
         "scheduler": _state_dict(components.scheduler),
         "scaler": _state_dict(components.scaler),
-        "rng": rng_state if rng_state is not None else rng.capture(),
+        "rng": rng.storable(rng_state if rng_state is not None else rng.capture()),
         "extra": extra,
     }
     return tree.encode(state, "state", tensors), tensors

@@ -23,11 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
+from burst.state import rng
 from burst.training.sampler import derive_seed
 
 
 def to_json(state: dict[str, Any]) -> dict[str, Any]:
     """An :func:`burst.rng.capture` state as plain JSON (to cross to rank 0)."""
+    state = rng.as_lists(state)
     version, internal, gauss = state["python"]
     out: dict[str, Any] = {"python": [version, list(internal), gauss], "numpy": state["numpy"],
                            "torch": _hex(state["torch"])}

@@ -3,10 +3,20 @@
 Python's ``random``, NumPy's global generator, torch's CPU generator and, when CUDA is
 already in use, each CUDA device's generator. CUDA is never initialised just to read its
 state: a process that has not touched the GPU has no CUDA randomness to preserve.
+
+:func:`capture` runs at every optimizer-step boundary (the state an OOM falls back to), so
+it only copies: the generators' states are kept as the objects their libraries hand out
+(Python's tuple, NumPy's key array, torch's byte tensors), never walked into lists.
+:func:`storable` turns a captured state into the form a snapshot holds, the two 624-word
+Mersenne Twister keys as int64 tensors (stored as blobs, not as 1,249 JSON numbers), and
+only when a snapshot is taken. :func:`restore` and :func:`check` accept that form, the
+captured one, and the lists older snapshots hold.
 """
 
 from __future__ import annotations
 
+import array
+import ctypes
 import random
 from typing import Any
 
@@ -17,10 +27,11 @@ from burst.errors import SnapshotError
 
 
 def capture() -> dict[str, Any]:
+    """The generators' states now (copies: later draws do not change them)."""
     np_kind, np_keys, np_pos, np_has_gauss, np_gauss = np.random.get_state(legacy=True)
     state: dict[str, Any] = {
         "python": random.getstate(),
-        "numpy": [np_kind, np_keys.tolist(), int(np_pos), int(np_has_gauss), float(np_gauss)],
+        "numpy": [np_kind, np_keys, int(np_pos), int(np_has_gauss), float(np_gauss)],
         "torch": torch.get_rng_state(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -28,12 +39,80 @@ def capture() -> dict[str, Any]:
     return state
 
 
+class Boundary:
+    """:func:`capture` for every step boundary, without re-reading an unchanged NumPy state.
+
+    Reading NumPy's state is the costly part of a capture (its key is copied word by word
+    into a new array, ~10x Python's ``getstate``), and most training loops never draw from
+    NumPy's global generator between two steps. The generator's raw state (key and
+    position, through NumPy's public ``ctypes`` interface) is compared byte for byte with
+    what it was at the last full read; when equal, that read's result still holds. The
+    cached Gaussian of NumPy's legacy ``normal`` lives outside that raw state, so a read
+    that found one cached is never reused (using it up does not move the key).
+    """
+
+    _RAW_BYTES = 624 * 4 + 4  # MT19937: uint32 key[624], int pos
+
+    def __init__(self) -> None:
+        self._raw: bytes | None = None
+        self._numpy: list[Any] | None = None
+
+    def capture(self) -> dict[str, Any]:
+        state: dict[str, Any] = {"python": random.getstate(), "numpy": self._numpy_state(),
+                                 "torch": torch.get_rng_state()}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    def _numpy_state(self) -> list[Any]:
+        raw = _numpy_raw(self._RAW_BYTES)
+        if raw is not None and raw == self._raw and self._numpy is not None:
+            return self._numpy
+        kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+        state = [kind, keys, int(pos), int(has_gauss), float(gauss)]
+        self._raw, self._numpy = (raw, state) if raw is not None and not has_gauss else (None,
+                                                                                         None)
+        return state
+
+
+def _numpy_raw(size: int) -> bytes | None:
+    """The global NumPy generator's raw MT19937 state, or None where it cannot be read."""
+    get = getattr(np.random, "get_bit_generator", None)  # NumPy >= 1.25
+    if get is None:
+        return None
+    generator = get()
+    if type(generator).__name__ != "MT19937":
+        return None
+    return ctypes.string_at(generator.ctypes.state_address, size)
+
+
+def storable(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with both Mersenne Twister keys as int64 tensors, ready for a snapshot's
+    tensor table (one C-level conversion each; keys already tensors are kept)."""
+    version, internal, gauss = state["python"]
+    kind, keys, pos, has_gauss, np_gauss = state["numpy"]
+    out = dict(state)
+    out["python"] = (version, _int64_tensor(internal), gauss)
+    out["numpy"] = [kind, _int64_tensor(keys), pos, has_gauss, np_gauss]
+    return out
+
+
+def as_lists(state: dict[str, Any]) -> dict[str, Any]:
+    """``state`` with both keys as lists of ints (JSON-able, as snapshots before tensor
+    keys held them); the torch and CUDA states stay tensors."""
+    version, internal, gauss = state["python"]
+    kind, keys, pos, has_gauss, np_gauss = state["numpy"]
+    out = dict(state)
+    out["python"] = (version, tuple(_ints(internal)), gauss)
+    out["numpy"] = [kind, _ints(keys), pos, has_gauss, np_gauss]
+    return out
+
+
 def restore(state: dict[str, Any]) -> list[str]:
     """Apply ``state``; return notes on anything that could not be restored exactly."""
     notes: list[str] = []
     random.setstate(_python_state(state["python"]))
-    kind, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((kind, np.asarray(keys, dtype=np.uint32), pos, has_gauss, gauss))
+    np.random.set_state(_numpy_state(state["numpy"]))
     torch.set_rng_state(state["torch"].clone())
     notes.extend(_restore_cuda(state.get("cuda")))
     return notes
@@ -47,20 +126,46 @@ def check(state: Any) -> None:
     """
     try:
         random.Random().setstate(_python_state(state["python"]))
-        kind, keys, pos, has_gauss, gauss = state["numpy"]
-        np.random.RandomState().set_state((kind, np.asarray(keys, dtype=np.uint32), pos,
-                                           has_gauss, gauss))
+        np.random.RandomState().set_state(_numpy_state(state["numpy"]))
         torch.Generator().set_state(state["torch"].clone())  # a view into a blob: copy
         cuda = state.get("cuda") or []
         if not isinstance(cuda, list) or not all(isinstance(s, torch.Tensor) for s in cuda):
             raise TypeError("cuda states are not tensors")
-    except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as exc:
+    except (KeyError, TypeError, ValueError, RuntimeError, IndexError, OverflowError) as exc:
         raise SnapshotError(f"the snapshot's RNG state is malformed ({exc})") from None
+
+
+def _int64_tensor(words: Any) -> torch.Tensor:
+    if isinstance(words, torch.Tensor):
+        return words.to(torch.int64)
+    if isinstance(words, np.ndarray):
+        return torch.from_numpy(words.astype(np.int64))
+    return torch.frombuffer(array.array("q", words), dtype=torch.int64)
+
+
+def _ints(words: Any) -> list[int]:
+    if isinstance(words, torch.Tensor | np.ndarray):
+        return words.tolist()
+    return [int(w) for w in words]
 
 
 def _python_state(value: Any) -> tuple:
     version, internal, gauss = value
+    if isinstance(internal, torch.Tensor):
+        if internal.dim() != 1:
+            raise ValueError("the Python generator's key is not a vector")
+        internal = internal.tolist()
     return (version, tuple(internal), gauss)
+
+
+def _numpy_state(value: Any) -> tuple:
+    kind, keys, pos, has_gauss, gauss = value
+    if isinstance(keys, torch.Tensor):
+        keys = keys.numpy()
+    words = np.asarray(keys)
+    if words.ndim != 1 or (words.size and (words.min() < 0 or words.max() > 0xFFFFFFFF)):
+        raise ValueError("the NumPy generator's key is not 32-bit words")
+    return (kind, words.astype(np.uint32), pos, has_gauss, gauss)
 
 
 def _restore_cuda(saved: list[torch.Tensor] | None) -> list[str]:

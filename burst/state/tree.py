@@ -27,10 +27,16 @@ import torch
 from burst.errors import SnapshotError
 
 TAGS = ("$tensor", "$tuple", "$dict", "$float", "$dtype")
+_PLAIN = frozenset({str, bool, int})  # exactly these types are their own JSON
 
 
 def encode(value: Any, prefix: str, tensors: dict[str, torch.Tensor]) -> Any:
     """Return a JSON-able tree for ``value``; tensors are added to ``tensors`` under ``prefix/...``."""
+    kind = type(value)  # the common kinds first: this runs at every shadow copy
+    if kind in _PLAIN or value is None:
+        return value
+    if kind is dict:
+        return _encode_mapping(value, prefix, tensors)
     if isinstance(value, torch.Tensor):
         return _encode_tensor(value, prefix, tensors)
     if isinstance(value, np.ndarray):

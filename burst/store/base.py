@@ -13,7 +13,8 @@ from typing import Protocol, runtime_checkable
 
 from burst.errors import SnapshotError, StoreError
 
-_SAFE_SEGMENT = re.compile(r"^[A-Za-z0-9._=+@-]+$")
+# used with fullmatch: "$" would also accept a trailing newline ("run\n" as a key segment)
+_SAFE_SEGMENT = re.compile(r"[A-Za-z0-9._=+@-]+")
 
 
 class TransientStoreError(StoreError):
@@ -58,7 +59,7 @@ class Store(Protocol):
 
 # Top-level names a store keeps for itself, beside the runs: ``wheels/`` holds the
 # wheelhouse every run of the store shares (burst.env.wheelhouse).
-SHARED_PREFIXES = frozenset({"wheels"})
+SHARED_PREFIXES = frozenset({"wheels", "preflight"})  # preflight: burst check's probes
 
 
 def check_key(key: str) -> str:
@@ -70,7 +71,7 @@ def check_key(key: str) -> str:
     if not key or key.startswith("/") or "\\" in key:
         raise SnapshotError(f"refusing unsafe store key {key!r}")
     for segment in key.split("/"):
-        if segment in ("", ".", "..") or not _SAFE_SEGMENT.match(segment):
+        if segment in ("", ".", "..") or not _SAFE_SEGMENT.fullmatch(segment):
             raise SnapshotError(f"refusing unsafe store key {key!r}")
     return key
 
@@ -86,7 +87,7 @@ def check_prefix(prefix: str) -> str:
     *whole, last = prefix.split("/")
     if whole:
         check_key("/".join(whole))
-    if last and (last in (".", "..") or not _SAFE_SEGMENT.match(last)):
+    if last and (last in (".", "..") or not _SAFE_SEGMENT.fullmatch(last)):
         raise SnapshotError(f"refusing unsafe store prefix {prefix!r}")
     if prefix.startswith("/") or "\\" in prefix:
         raise SnapshotError(f"refusing unsafe store prefix {prefix!r}")

@@ -7,6 +7,11 @@ its own ``x-oss-forbid-overwrite: true`` (answering 409 ``FileAlreadyExists``), 
 conditional manifest write is translated on the wire. Credentials come from the variables
 Alibaba's own SDKs read (``OSS_ACCESS_KEY_ID``, ``OSS_ACCESS_KEY_SECRET``,
 ``OSS_SESSION_TOKEN``), else from the usual AWS chain; they are only ever held in memory.
+
+New Alibaba accounts must reach mainland buckets through a custom domain (a CNAME bound to
+the bucket) for data operations. ``endpoint_url = "https://ckpt.example.com"`` with
+``bucket_endpoint = true`` sends every request to ``https://ckpt.example.com/<key>``; the
+region still names the signing region.
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 import os
 import re
 from typing import Any
+from urllib.parse import urlparse, urlunparse
 
 from burst.errors import ConfigError
 from burst.store.s3 import (
@@ -36,6 +42,21 @@ def endpoint_for(region: str, internal: bool = False) -> tuple[str, str]:
     name = match.group(2)
     suffix = "-internal" if internal else ""
     return f"https://s3.oss-{name}{suffix}.aliyuncs.com", name
+
+
+_INTERNAL_HOST = re.compile(r"^(.*\boss-[a-z]{2}-[a-z0-9-]+?)-internal(\.aliyuncs\.com)$")
+
+
+def public_endpoint(endpoint: str) -> str | None:
+    """The public twin of an OSS ``-internal`` endpoint (reachable only inside the region's
+    VPC), or None when ``endpoint`` is not one."""
+    parsed = urlparse(endpoint)
+    match = _INTERNAL_HOST.match((parsed.hostname or "").lower())
+    if not match:
+        return None
+    port = f":{parsed.port}" if parsed.port else ""
+    return urlunparse((parsed.scheme, f"{match.group(1)}{match.group(2)}{port}", parsed.path,
+                       parsed.params, parsed.query, parsed.fragment))
 
 
 def _credentials() -> dict[str, str] | None:
@@ -68,11 +89,15 @@ class OSSStore(S3Store):
             raise ConfigError(f"{url}: OSS needs a region such as oss-cn-beijing "
                               "(--region, $BURST_REGION, $OSS_REGION or the config file)")
         settings = dict(options)
+        if as_bool(options, "bucket_endpoint", False) and not options.get("endpoint_url"):
+            raise ConfigError(f"{url}: bucket_endpoint needs endpoint_url, the bucket's own "
+                              "domain (e.g. https://ckpt.example.com)")
         if region:
             endpoint, signing_region = endpoint_for(region, as_bool(options, "internal", False))
             settings.setdefault("endpoint_url", endpoint)
             settings["region"] = signing_region
-        client = make_client(settings, addressing_style="virtual", credentials=_credentials())
+        client = make_client(settings, addressing_style="virtual", credentials=_credentials(),
+                             bucket=bucket)
         client.meta.events.register("before-sign.s3.PutObject", _forbid_overwrite)
         return cls(bucket, prefix, client, url=url.rstrip("/"),
                    part_size=as_int(options, "part_size", DEFAULT_PART_SIZE),

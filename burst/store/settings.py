@@ -22,8 +22,10 @@ from __future__ import annotations
 import os
 from pathlib import Path
 from typing import Any
+from urllib.parse import SplitResult, urlsplit
 
 from burst import config as user_config
+from burst.env.redact import strip_url
 from burst.errors import ConfigError
 
 #: Every setting a store accepts, with the environment variable that can supply it.
@@ -41,6 +43,8 @@ OPTIONS: dict[str, str] = {
     "known_hosts": "BURST_KNOWN_HOSTS",
     "identity_file": "BURST_SSH_IDENTITY",
     "project": "BURST_GCS_PROJECT",
+    "bucket_endpoint": "BURST_BUCKET_ENDPOINT",
+    "node_identity": "BURST_NODE_IDENTITY",
 }
 _SECRETS = ("secret", "password", "token", "access_key", "private_key", "credential")
 
@@ -91,7 +95,52 @@ def resolve(url: str, flags: dict[str, Any] | None = None) -> tuple[str, dict[st
     unknown = set(options) - set(OPTIONS)
     if unknown:
         raise ConfigError(f"unknown store setting(s): {', '.join(sorted(unknown))}")
+    check_url(url)
+    if options.get("endpoint_url"):
+        check_endpoint(str(options["endpoint_url"]))
     return url, options
+
+
+def check_url(url: str) -> None:
+    """Refuse a store URL no backend could mean: empty (it would silently be the current
+    directory), one a URL parser rejects (``sftp://[::1``, a port of 99999), or a local
+    path that is a file (listing it would report "no runs", as if it were an empty store)."""
+    if not url.strip():
+        raise ConfigError("the store is empty: give a path, file://, s3://, oss://, gs:// "
+                          "or sftp:// URL, or a [stores.NAME] from the config file")
+    local = url
+    if "://" in url:
+        parts = _split(url, "store URL")
+        local = parts.path if parts.scheme.lower() == "file" else ""
+    if local and Path(local).expanduser().exists() and not Path(local).expanduser().is_dir():
+        raise ConfigError(f"the store {url!r} is a file, not a directory")
+
+
+def check_endpoint(endpoint: str) -> None:
+    """An endpoint is ``http(s)://host[:port][/path]`` and nothing more: botocore raises a
+    bare ValueError for anything else, and credentials in it would end up in logs (they
+    belong where the SDK reads them)."""
+    parts = _split(endpoint, "endpoint_url")
+    shown = strip_url(endpoint)
+    if parts.scheme.lower() not in ("http", "https") or not parts.hostname:
+        raise ConfigError(f"endpoint_url {shown!r} is not an http:// or https:// URL with a "
+                          "host (like https://minio.lab:9000)")
+    if "@" in parts.netloc:
+        raise ConfigError(f"endpoint_url {shown!r} holds credentials: put them where the SDK "
+                          "reads them (AWS_ACCESS_KEY_ID..., a profile), not in the URL")
+    if parts.query or parts.fragment:
+        raise ConfigError(f"endpoint_url {shown!r} has a query or fragment: give only "
+                          "scheme, host, port and path")
+
+
+def _split(url: str, what: str) -> SplitResult:
+    """``url`` parsed, its port checked; a ConfigError that shows it without secrets."""
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - parsing the port is the check (1..65535)
+    except ValueError as exc:
+        raise ConfigError(f"{what} {strip_url(url)!r} is malformed ({exc})") from None
+    return parts
 
 
 def _section_for(url: str, sections: dict[str, dict[str, Any]]) -> dict[str, Any]:

@@ -123,7 +123,7 @@ class Agent:
                 attempt = self._attempt(len(outcome.attempts) + 1)
                 outcome.attempts.append(attempt)
                 outcome.returncode = attempt.code
-                if attempt.kind in ("ok", "signal", "error"):
+                if attempt.kind in ("ok", "signal", "error", "fenced"):
                     outcome.decision, outcome.message = _final(attempt)
                     return outcome
                 action = self.policy.action(attempt.kind)
@@ -230,6 +230,8 @@ def _final(attempt: Attempt) -> tuple[str, str]:
         return "finished", "training finished"
     if attempt.kind == "signal":
         return "stopped", "stopped on a signal after a snapshot"
+    if attempt.kind == "fenced":
+        return "fenced", "a newer launch of this run took over (its node owns the run now)"
     return "error", (f"the training script failed ({failure.describe_exit(attempt.returncode)}); "
                      "not a GPU failure, so no retry")
 

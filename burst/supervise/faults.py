@@ -1,6 +1,6 @@
 """Fault injection for tests and drills: real failures at a chosen optimizer step.
 
-``BURST_FAULT`` holds ``KIND@STEP[:MICRO][/RANK]`` (several separated by commas); ``STEP``
+``BURST_FAULT`` holds ``KIND@STEP[:MICRO][/RANK][+always]`` (several separated by commas); ``STEP``
 is the optimizer step during which the fault fires (1-based, as ``Step.index``), ``MICRO``
 the micro-batch within it, ``RANK`` the only rank it hits (torchrun's ``$RANK``; without
 it, every rank). Kinds:
@@ -13,8 +13,14 @@ it, every rank). Kinds:
   flight have landed (so a drill's recovery point does not depend on disk speed);
 - ``term``: SIGTERM to the process itself, mid-step (a preemption notice).
 
-A fault fires once per process, and only when the run has not already moved past that
-step, so a restarted process that resumes beyond it trains on normally.
+A fault fires once per *run*: when it fires, the run records a ``fault-injected`` event
+naming it (:data:`FIRED_EVENT`, before a ``kill`` or ``term`` lands), and a process of the
+same run that finds that event in the run's history leaves the fault out
+(:meth:`Injector.forget_fired`). So ``BURST_FAULT`` exported in the shell hits the first
+attempt only, and the agent's retries (``retry-smaller``, ``restart``) train on, as they
+would after a real OOM. ``+always`` asks for the old behaviour: the fault fires in every
+process that reaches its step. Either way a fault fires only when the run has not
+already moved past that step, so a process that resumes beyond it trains on normally.
 """
 
 from __future__ import annotations
@@ -22,13 +28,15 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from burst.errors import ConfigError
 
 ENV_FAULT = "BURST_FAULT"
 KINDS = ("oom", "oom-optimizer", "sticky", "kill", "term")
+ALWAYS = "always"  # the option that makes a fault fire in every process, not once a run
+FIRED_EVENT = "fault-injected"
 
 
 @dataclass(frozen=True)
@@ -37,21 +45,36 @@ class Fault:
     step: int
     micro_batch: int = 0
     rank: int | None = None  # None: every rank
+    always: bool = False  # fire in every process of the run, not only the first
+
+    @property
+    def name(self) -> str:
+        """The fault as a spec, without ``+always``: what the run's history records."""
+        rank = "" if self.rank is None else f"/{self.rank}"
+        return f"{self.kind}@{self.step}:{self.micro_batch}{rank}"
 
 
 def parse(spec: str | None) -> list[Fault]:
-    """Parse ``KIND@STEP[:MICRO][/RANK],...``; a typo is a clear error, not a silent no-op."""
+    """Parse ``KIND@STEP[:MICRO][/RANK][+always],...``; a typo is a clear error, not a
+    silent no-op."""
     faults = []
     for part in filter(None, (p.strip() for p in (spec or "").split(","))):
-        kind, _, where = part.partition("@")
+        fault, plus, option = part.partition("+")
+        kind, _, where = fault.partition("@")
         where, slash, rank = where.partition("/")
         step, _, micro = where.partition(":")
         if kind not in KINDS or not step.isdigit() or (micro and not micro.isdigit()) \
-                or (slash and not rank.isdigit()):
-            raise ConfigError(f"bad fault {part!r}: use KIND@STEP[:MICRO][/RANK] with KIND "
-                              f"one of {', '.join(KINDS)}")
-        faults.append(Fault(kind, int(step), int(micro or 0), int(rank) if slash else None))
+                or (slash and not rank.isdigit()) or (plus and option != ALWAYS):
+            raise ConfigError(f"bad fault {part!r}: use KIND@STEP[:MICRO][/RANK][+{ALWAYS}] "
+                              f"with KIND one of {', '.join(KINDS)}")
+        faults.append(Fault(kind, int(step), int(micro or 0), int(rank) if slash else None,
+                            always=bool(plus)))
     return faults
+
+
+def fired(history: Iterable[dict]) -> set[str]:
+    """The names of the faults a run's history (its events) says have fired."""
+    return {str(e.get("fault")) for e in history if e.get("event") == FIRED_EVENT}
 
 
 class Injector:
@@ -60,6 +83,7 @@ class Injector:
     def __init__(self, faults: list[Fault]) -> None:
         self.pending = list(faults)
         self.settle: Callable[[], None] | None = None  # waits for in-flight snapshot writes
+        self.on_fire: Callable[[Fault], None] | None = None  # records that a fault fired
 
     @classmethod
     def from_env(cls) -> Injector:
@@ -67,8 +91,13 @@ class Injector:
         rank = int(os.environ.get("RANK") or 0)
         return cls([f for f in parse(os.environ.get(ENV_FAULT)) if f.rank in (None, rank)])
 
+    def forget_fired(self, names: set[str]) -> None:
+        """Leave out the one-shot faults the run has already fired (see :func:`fired`)."""
+        self.pending = [f for f in self.pending if f.always or f.name not in names]
+
     def before_micro_batch(self, step: int, micro_batch: int) -> None:
         for fault in self._due(step, ("oom", "sticky", "kill", "term"), micro_batch):
+            self._announce(fault)
             if fault.kind == "kill" and self.settle is not None:
                 with contextlib.suppress(Exception):
                     self.settle()
@@ -76,7 +105,14 @@ class Injector:
 
     def in_optimizer_step(self, step: int) -> None:
         for fault in self._due(step, ("oom-optimizer",), None):
+            self._announce(fault)
             _fire(fault)
+
+    def _announce(self, fault: Fault) -> None:
+        """Record the firing first: a ``kill`` leaves no chance afterwards."""
+        if self.on_fire is not None:
+            with contextlib.suppress(Exception):
+                self.on_fire(fault)
 
     def _due(self, step: int, kinds: tuple[str, ...], micro_batch: int | None) -> list[Fault]:
         due = [f for f in self.pending if f.kind in kinds and f.step == step

@@ -27,8 +27,9 @@ from typing import Any
 
 from burst.training import failure
 
-# higher decides: what a failure says about the machine, not which rank came first
-PRIORITY = {"gpu-failure": 3, "oom": 2, "signal": 1}
+# higher decides: what a failure says about the machine, not which rank came first; a
+# fenced rank (a newer launch owns the run) outranks all: nothing may be retried here
+PRIORITY = {"fenced": 4, "gpu-failure": 3, "oom": 2, "signal": 1}
 KIND_CODES = {kind: code for code, kind in failure.EXIT_KINDS.items()}
 
 

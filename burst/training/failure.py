@@ -34,8 +34,15 @@ from typing import Any
 EXIT_OOM = 86
 EXIT_GPU_FAILURE = 87
 EXIT_STOPPED = 88  # stopped on SIGTERM/SIGINT after a snapshot at a step boundary
+# a node started more often than the run's restart bound allows (burst.resume.restarts):
+# not in recover_on_exit_codes, so SkyPilot ends the job
+EXIT_RESTART_LIMIT = 89
+# stopped because a newer launch of the run took over (burst.snapshot.lineage): its
+# snapshots are refused, so it must not train on; nothing to retry or resume from here
+EXIT_FENCED = 90
 
-EXIT_KINDS = {EXIT_OOM: "oom", EXIT_GPU_FAILURE: "gpu-failure", EXIT_STOPPED: "signal"}
+EXIT_KINDS = {EXIT_OOM: "oom", EXIT_GPU_FAILURE: "gpu-failure", EXIT_STOPPED: "signal",
+              EXIT_FENCED: "fenced"}
 
 STICKY_PATTERNS = (
     "illegal memory access",

@@ -78,6 +78,8 @@ class Guard:
         self.run = run
         self.grace_seconds = grace_seconds
         self.stop_requested: str | None = None
+        self.snapshot_requested: str | None = None  # by a watcher thread (preemption notice)
+        self._request_lock = threading.Lock()
         self._previous_handlers: dict[int, object] = {}
         self._previous_excepthook = sys.excepthook
         self._handling = False
@@ -121,6 +123,28 @@ class Guard:
                            f"{self.stop_requested}: no step boundary within the grace "
                            f"period; {_kept(saved)}")
         os._exit(failure.EXIT_STOPPED)
+
+    # -- requests from other threads (a preemption notice) ---------------------------------
+
+    def request_snapshot(self, reason: str) -> None:
+        """From any thread: ask for a snapshot at the next step boundary, stored before the
+        loop goes on. Like a signal it only sets a flag, so the asking thread never touches
+        training state and the loop pays nothing until it is set."""
+        with self._request_lock:
+            self.snapshot_requested = reason
+
+    def take_snapshot_request(self) -> str | None:
+        """At a step boundary: the pending request's reason (cleared), or None."""
+        if self.snapshot_requested is None:  # the common case, without the lock
+            return None
+        with self._request_lock:
+            reason, self.snapshot_requested = self.snapshot_requested, None
+        return reason
+
+    def store_requested(self) -> None:
+        """After the requested snapshot is queued: wait until it is stored (within the
+        grace period), report a failure and let training go on either way."""
+        self._flush(self.grace_seconds)
 
     def stop_at_boundary(self) -> NoReturn:
         """Called by the run at a step boundary after a signal, once the snapshot of that

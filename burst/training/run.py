@@ -31,12 +31,13 @@ import platform
 import sys
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 from datetime import datetime, timezone
 from typing import Any
 
 import torch
+from torch.nn.modules.module import register_module_buffer_registration_hook
 from torch.utils.data import DataLoader
 
 from burst import events
@@ -44,8 +45,8 @@ from burst.env import freeze
 from burst.errors import ConfigError, SnapshotError
 from burst.parallel import partition
 from burst.parallel import state as dist_state
-from burst.parallel.group import Group, unwrap
-from burst.snapshot import reader, sync
+from burst.parallel.group import Group, StepVote, unwrap
+from burst.snapshot import lineage, reader, sync
 from burst.snapshot import tiers as snapshot
 from burst.snapshot.tensors import load_tensors
 from burst.snapshot.upload import UploadQueue
@@ -53,8 +54,8 @@ from burst.state import capture as state_mod
 from burst.state import rng
 from burst.store import Store, default_local_url, is_local, open_store
 from burst.store.base import SHARED_PREFIXES, check_key
-from burst.supervise import faults
-from burst.training import failure
+from burst.supervise import faults, preemption
+from burst.training import adaptive, failure, fencing
 from burst.training.amp import AMP_DTYPES, parse_amp
 from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
 from burst.training.metrics import MetricBuffer
@@ -68,7 +69,9 @@ ENV_AMP = "BURST_AMP"
 ENV_ACCUMULATION = "BURST_ACCUMULATION"  # the rest of a plan: checked, not trusted blindly
 ENV_WORLD_SIZE = "BURST_WORLD_SIZE"
 ENV_TF32 = "BURST_TF32"
+INTERVALS_EVENT = "snapshot-intervals"  # the intervals chosen from measured costs
 STOP_REASON = "signal"  # the snapshot reason that also stops the run (SIGTERM/SIGINT)
+_ROUTINE_REASONS = ("periodic", "manual", "final")  # snapshots that may wait for the freeze
 
 
 class Step:
@@ -120,6 +123,14 @@ class Run:
 
     ``in_optimizer_step``, ``layout``, ``save_boundary``, ``persist_shadow`` and
     ``record_event`` are what the failure guard asks of a run (``guard.GuardedRun``).
+
+    How often to snapshot: left out, ``shadow_every`` (steps between RAM copies) and the
+    persist interval are chosen from measured costs so that burst takes at most
+    ``overhead_budget`` of the training time (1%) while a kill loses as little as it can;
+    the first persist comes after ten seconds of training (``burst.training.adaptive``).
+    ``shadow_every``, ``persist_every`` or ``persist_seconds`` given are used as given
+    (``persist_every`` alone: no timed persists; ``persist_seconds=None``: none at all).
+    ``intervals()`` says what is in force; each snapshot's meta records it.
     """
 
     def __init__(
@@ -132,12 +143,15 @@ class Run:
         local: str | os.PathLike[str] | None = None,
         amp: str | None = None,
         seed: int = 0,
-        shadow_every: int = 10,
+        shadow_every: int | None = None,
         persist_every: int | None = None,
-        persist_seconds: float | None = 300.0,
+        persist_seconds: float | str | None = adaptive.AUTO,
         keep: int = 3,
         world_size: int | None = None,
         grace_seconds: float = DEFAULT_GRACE_SECONDS,
+        max_lost_seconds: float | None = None,
+        overhead_budget: float = adaptive.DEFAULT_BUDGET,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.run_id = _run_id(run_id)
         # world_size=None: whatever torch.distributed runs (burst.parallel.init_from_env)
@@ -153,29 +167,58 @@ class Run:
         _apply_tf32(os.environ.get(ENV_TF32))
         # the stores last: every setting above is checked before any upload thread starts
         self.store = open_store(store)
+        # this launch's generation, taken before any upload or restore (snapshot.lineage)
+        self.lineage = lineage.take(self.store, self.run_id) if self.rank == 0 else None
         self.local, self._uploads = _local_tier(self.store, self.run_id, local,
                                                 uploads=self.rank == 0)
         self.total_epochs: int | None = None
         self.steps_per_epoch: int | None = None
-        self.shadow_every = _positive(shadow_every, "shadow_every")
-        self.persist_every, self.persist_seconds = persist_every, persist_seconds
+        # intervals left out are chosen from measured costs (burst.training.adaptive)
+        self.shadow_every = None if shadow_every is None else _positive(shadow_every,
+                                                                        "shadow_every")
+        self.persist_every = None if persist_every is None else _positive(persist_every,
+                                                                          "persist_every")
+        self.persist_seconds = _persist_seconds(persist_seconds)
+        self._adaptive = adaptive.Adaptive(
+            _budget(overhead_budget), shadow_every=self.shadow_every,
+            persist_seconds=None if self.persist_seconds == adaptive.AUTO else self.persist_seconds,
+            persist_chosen=self.persist_seconds == adaptive.AUTO and persist_every is None,
+            clock=clock)  # what steps and copies are timed with (tests inject one)
+        self._intervals_said: adaptive.Intervals | None = None  # the last one recorded
+        self._step_ended: float | None = None  # clock time the previous step ended
+        self._burst_seconds = 0.0  # burst's own work since then (not the step's)
+        self._writes_seen = 0
         self.extra: dict[str, Any] = {}
         self.step = self.epoch = self.samples_consumed = self.samples_in_epoch = 0
         self.components = state_mod.Components()
         self.restored: state_mod.RestoreReport | None = None
+        self._verified_step: int | None = None  # the snapshot whose blobs this rank hashed
         self._tiers = snapshot.Tiers(self.local, self.run_id, keep=keep,
-                                     on_commit=self._on_commit)
+                                     on_commit=self._on_commit,
+                                     complete_meta=self._freeze_fields,
+                                     stamp=self.lineage.stamp() if self.lineage else None)
         self._sampler: ResumableSampler | None = None
         self._saved_sampler: dict | None = None
+        self._pending_resume: dict[str, Any] | None = None  # recorded once the data checks out
         self._in_step = self._optimizer_stepped = self._in_optimizer_step = False
         self._boundary_rng: dict | None = None
-        self._boundary_buffers: dict[str, torch.Tensor] = {}
+        self._rng_boundary = rng.Boundary()  # cheap per-step captures of the generators
+        self._boundary_buffers: dict[str, torch.Tensor] = {}  # preallocated copies
+        self._live_buffers: list[tuple[str, torch.Tensor]] = []  # what they copy
+        self._buffers_moved = True  # a buffer was (re)assigned: find them again
+        self._buffer_hook: Any = None
         self._saved_buffer_names: frozenset[str] = frozenset()  # persistent ones only
         self._injector = faults.Injector.from_env()
         self._injector.settle = lambda: self.flush(timeout=60)
+        self._injector.on_fire = self._record_fault
+        self._injector.forget_fired(self._fired_faults())  # one-shot per run, not per process
         self._guard = Guard(self, grace_seconds)
+        # on a cloud node: the preemption notice, and the spot bound on lost work
+        self.max_lost_seconds = max_lost_seconds
+        self._watcher: preemption.Watcher | None = None
         self._requested: str | None = None
-        self._last_persist = time.monotonic()
+        self._vote = StepVote(self._group)  # the ranks' per-step decision, without a stall
+        self._asked: str | None = None  # a request voted on, served at the next boundary
         self._peak_memory: dict[str, int] = {}
         self._metrics = MetricBuffer(lambda points: self.record_event(MetricBuffer.EVENT,
                                                                 points=points))
@@ -183,26 +226,91 @@ class Run:
     # -- set-up -------------------------------------------------------------------------
 
     def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
-               scheduler: Any | None = None, scaler: Any | None = None
-               ) -> state_mod.RestoreReport | None:
-        """Register what to snapshot and restore the newest complete snapshot, if any."""
+               scheduler: Any | None = None, scaler: Any | None = None, *,
+               sampler: ResumableSampler | None = None) -> state_mod.RestoreReport | None:
+        """Register what to snapshot and restore the newest complete snapshot, if any.
+
+        Everything the snapshot constrains is checked before anything is restored or
+        recorded: the global batch, and with ``sampler`` (the training loader's
+        ``ResumableSampler``, adopted here) the data (length, seed, shuffle, drop_last),
+        that the position fits in its epoch, and that the ranks can split the epoch's
+        last step. Without ``sampler`` the data is checked when the loop hands it over
+        (``steps``/``adopt_sampler``); the ``resume`` event waits until then (or until the
+        first step or snapshot of a loop without one), so a refused resume is never in
+        the run's history, though the objects passed here have been restored in memory.
+        """
         self.components = state_mod.Components(unwrap(model), optimizer, scheduler, scaler)
         self._saved_buffer_names = frozenset(self.components.model.state_dict().keys())
+        self._buffers_moved = True
+        if self._buffer_hook is None:
+            self._buffer_hook = register_module_buffer_registration_hook(self._buffer_assigned)
         if optimizer is not None:
             optimizer.register_step_pre_hook(self._before_optimizer_step)
             optimizer.register_step_post_hook(self._on_optimizer_step)
         self._guard.install()
-        freeze.prefetch(self.store, self.run_id)  # environment + code, off the training thread
+        self._watcher = self._watcher or preemption.start(self, self.max_lost_seconds)
+        # environment + code, in a thread (fork-safe: burst.env.spawn); snapshots wait boundedly
+        freeze.prefetch(self.store, self.run_id, local=self.local)
         manifest = dist_state.newest_manifest(  # rank 0 chooses; every rank reads that one
             self._group, self._newest_manifest,
             lambda step: dist_state.manifest_at(self.local, self.store, self.run_id, step))
         if manifest is None:
+            if sampler is not None:
+                self.adopt_sampler(sampler)
             self.record_event("start", **self.layout())
             return None
+        self._check_snapshot(manifest, sampler)  # before any state changes or event
         self.restored = self._restore(manifest)
-        self.record_event("resume", step=self.restored.step, notes=self.restored.notes,
-                    **self.layout())
+        self._pending_resume = {"step": self.restored.step, "notes": self.restored.notes,
+                                **self.layout()}
+        if sampler is not None:
+            self.adopt_sampler(sampler)  # records the resume
         return self.restored
+
+    def _check_snapshot(self, manifest: dict, sampler: ResumableSampler | None) -> None:
+        """Refuse a snapshot this run cannot continue from exactly, before restoring it."""
+        batch = manifest.get("batch", {})
+        if batch.get("global") != self.global_batch:
+            raise SnapshotError(
+                f"the snapshot's global batch is {batch.get('global')}, this run's "
+                f"{self.global_batch}: burst never changes the global batch silently"
+            )
+        if sampler is None:
+            return
+        if not isinstance(sampler, ResumableSampler):
+            raise ConfigError("attach(sampler=...) takes the loader's burst.ResumableSampler")
+        if manifest.get("sampler") is not None:
+            _check_same_data(manifest["sampler"], sampler.state())
+        length = sampler.num_samples
+        if sampler.drop_last:
+            length = length // self.global_batch * self.global_batch
+        position = (manifest.get("counters") or {}).get("samples_in_epoch", 0)
+        if position > length:
+            raise SnapshotError(f"the snapshot is {position} samples into an epoch of "
+                                f"{length}: the data differs from the snapshot's")
+        partition.check_lockstep(length - position, self.global_batch, self.micro_batch,
+                                 self.world_size)
+
+    def _announce_resume(self) -> None:
+        """Record the restore as a ``resume`` event, once: after the data checked out."""
+        pending, self._pending_resume = self._pending_resume, None
+        if pending is not None:
+            self.record_event("resume", **pending)
+
+    def _fired_faults(self) -> set[str]:
+        """The ``BURST_FAULT`` faults this run's history says already fired (drills only:
+        nothing is read when no fault is set)."""
+        if not self._injector.pending:
+            return set()
+        history = events.read(self.local, self.run_id)
+        if self.store is not self.local:
+            with contextlib.suppress(Exception):  # the local history is the main witness
+                history += events.read(self.store, self.run_id)
+        return faults.fired(history)
+
+    def _record_fault(self, fault: faults.Fault) -> None:
+        self.record_event(faults.FIRED_EVENT, fault=fault.name, kind=fault.kind,
+                          step=fault.step)
 
     @property
     def in_optimizer_step(self) -> bool:
@@ -224,12 +332,9 @@ class Run:
 
     def _restore(self, manifest: dict) -> state_mod.RestoreReport:
         batch = manifest.get("batch", {})
-        if batch.get("global") != self.global_batch:
-            raise SnapshotError(
-                f"the snapshot's global batch is {batch.get('global')}, this run's "
-                f"{self.global_batch}: burst never changes the global batch silently"
-            )
-        tensors = load_tensors(self.local, manifest)
+        # rank 0 verified this snapshot's blobs in choosing it: do not hash them again
+        tensors = load_tensors(self.local, manifest,
+                               verified=manifest["step"] == self._verified_step)
         saved = state_mod.decode(manifest, tensors)
         saved_amp = manifest.get("amp", {}).get("dtype")
         notes = dist_state.restore(self.components, saved, self._group, saved_amp=saved_amp,
@@ -315,11 +420,15 @@ class Run:
         if self._saved_sampler is not None:
             _check_same_data(self._saved_sampler, sampler.state())
             self._saved_sampler = None
+        self._announce_resume()
         self._sampler = sampler
         return sampler
 
     def begin_step(self) -> None:
         """An optimizer step starts: remember the boundary state an OOM falls back to."""
+        self._announce_resume()
+        if self._step_ended is None:  # the first step's time counts from its start
+            self._step_ended = self._adaptive.clock()
         self._mark_boundary()
         self._in_step, self._optimizer_stepped = True, False
 
@@ -355,36 +464,115 @@ class Run:
         return partition.rank_steps(remaining, self.global_batch, self.rank, self.world_size)
 
     def _complete_step(self, samples: int) -> None:
+        self._measure_step(self._adaptive.clock())
         self.step += 1
         self.samples_consumed += samples
         self.samples_in_epoch += samples
         self._record_memory()
         reason, self._requested = self._requested, None
+        asked = self._guard.take_snapshot_request()  # request_snapshot, from another thread
+        reason = reason or asked
         if self._guard.stop_requested:
             reason = STOP_REASON
-        persist = reason is not None or self._persist_due()
-        persist, reason = self._group.agree(persist, reason)  # every rank decides the same
-        if persist or self.step % self.shadow_every == 0:
+        if fencing.fenced(self.lineage):  # a newer launch took over: train no further
+            reason = fencing.REASON
+        if self._group.collective:  # every rank acts on the votes of the last boundary
+            own, asked = (reason, asked), self._asked
+            persist, shadow, reason = self._vote.collect()
+        else:
+            persist = reason is not None or self._persist_due()
+            shadow = self._adaptive.shadow_due(self.step)
+        if reason == fencing.REASON:
+            fencing.stop(self, self.lineage)
+        if persist or shadow:
             self._capture(reason or "periodic", persist=persist)
+            self._say_intervals()
         if reason == STOP_REASON:  # a signal reached at least one rank: all stop here
             self._guard.stop_at_boundary()
+        if asked is not None:  # e.g. this node is about to be preempted: store it now
+            self._guard.store_requested()
+        if self._group.collective:  # then vote for the next boundary (no stall: StepVote)
+            (reason, self._asked) = own  # timed persists: rank 0's clock (it measures)
+            self._vote.cast(reason is not None or (self._group.is_writer and self._persist_due()),
+                            self._adaptive.shadow_due(self.step), reason)
 
     def _mark_boundary(self) -> None:
         """Remember what a partial step will disturb: the RNGs and the model's buffers
         (BatchNorm statistics move in the forward pass). An OOM mid-step then still
-        yields the exact state of the last step boundary."""
-        self._boundary_rng = rng.capture()
+        yields the exact state of the last step boundary.
+
+        Every step pays for this, so it only copies: the generators' states as their
+        libraries hand them out, the buffers into copies allocated once (on their own
+        device, so a GPU copy is queued, never waited for). The buffers are looked up
+        again only when one was assigned anew (a registration hook says so) or at a
+        shadow copy (``Module.to`` replaces them without telling anyone)."""
+        self._boundary_rng = self._rng_boundary.capture()
+        if self._buffers_moved:
+            self._find_buffers()
+        for name, live in self._live_buffers:
+            self._boundary_buffers[name].copy_(live.detach())
+
+    def _find_buffers(self) -> None:
+        """(Re)build the list of persistent buffers and their preallocated copies."""
+        self._buffers_moved = False
         model = self.components.model
-        if model is not None:
-            self._boundary_buffers = {name: b.detach().clone()
-                                      for name, b in model.named_buffers()
-                                      if name in self._saved_buffer_names}
+        live = [] if model is None else [(n, b) for n, b in model.named_buffers()
+                                         if n in self._saved_buffer_names]
+        copies = self._boundary_buffers
+        self._boundary_buffers = {
+            name: copies[name] if _same_layout(copies.get(name), b)
+            else torch.empty_like(b, memory_format=torch.preserve_format)
+            for name, b in live}
+        self._live_buffers = live
+
+    def _check_buffers(self) -> None:
+        """At a shadow copy: notice buffers replaced behind the hook's back."""
+        model = self.components.model
+        if model is None or self._buffers_moved:
+            return
+        current = [(n, b) for n, b in model.named_buffers() if n in self._saved_buffer_names]
+        if len(current) != len(self._live_buffers) or any(
+                n != m or b is not c for (n, b), (m, c) in zip(current, self._live_buffers,
+                                                               strict=True)):
+            self._buffers_moved = True
+
+    def _buffer_assigned(self, *_: object) -> None:
+        self._buffers_moved = True
 
     def _persist_due(self) -> bool:
         if self.persist_every and self.step % self.persist_every == 0:
             return True
-        return (self.persist_seconds is not None
-                and time.monotonic() - self._last_persist >= self.persist_seconds)
+        interval = self._adaptive.intervals().persist_seconds  # the user's, or chosen
+        if self._watcher is not None:  # a spot node: short enough to bound the lost work
+            cost = (self._uploads.last_seconds if self._uploads else None) or 0.0
+            interval = self._watcher.persist_seconds(interval, cost)
+        return self._adaptive.persist_due(interval)
+
+    def intervals(self) -> adaptive.Intervals:
+        """The shadow and persist intervals in force (the user's, or chosen from measured
+        costs), with the work a SIGKILL would lose on average."""
+        return self._adaptive.intervals()
+
+    def _measure_step(self, now: float) -> None:
+        """Feed the step's training time (burst's own work taken out) and any finished
+        background write to the interval policy."""
+        if self._step_ended is not None:
+            self._adaptive.step(now - self._step_ended - self._burst_seconds)
+        self._step_ended, self._burst_seconds = now, 0.0
+        if self._tiers.writes != self._writes_seen and self._tiers.last_write_seconds is not None:
+            self._writes_seen = self._tiers.writes
+            self._adaptive.persist(self._tiers.last_write_seconds)
+
+    def _say_intervals(self) -> None:
+        """Record the chosen intervals when they first exist and whenever they change by
+        more than half (``burst status`` shows the newest; each snapshot's meta has them)."""
+        now = self._adaptive.intervals()
+        said = self._intervals_said
+        if said is not None and not _moved(said, now):
+            return
+        self._intervals_said = now
+        if now.chosen and now.persist_cost is not None:  # the user's need no telling
+            self.record_event(INTERVALS_EVENT, step=self.step, **now.as_dict())
 
     # -- snapshots ----------------------------------------------------------------------
 
@@ -399,6 +587,13 @@ class Run:
         self._capture(reason, persist=True)
         if wait:
             self._group.settle(self.flush)
+
+    def request_snapshot(self, reason: str = preemption.NOTICE_REASON) -> None:
+        """From any thread: at the next step boundary persist a snapshot under ``reason``
+        and wait there (up to ``grace_seconds``) until it is stored, then train on. It
+        only sets a flag, like a signal: what a watcher thread calls (the preemption
+        notice, ``burst.supervise.preemption``) without ever touching training state."""
+        self._guard.request_snapshot(reason)
 
     def flush(self, timeout: float | None = None) -> None:
         """Block until every queued snapshot is in the store (uploaded, for a remote one);
@@ -418,11 +613,22 @@ class Run:
 
     def close(self) -> None:
         """Snapshot the final state and wait for it to be stored."""
+        self._vote.drain()  # the last boundary's votes: the final snapshot serves them all
         self._capture("final", persist=True)
-        self._group.settle(self.flush)  # rank 0 stores it; every rank learns the outcome
+        try:
+            self._group.settle(self.flush)  # rank 0 stores it; every rank learns the outcome
+        except SnapshotError:
+            if fencing.fenced(self.lineage):  # refused: a newer launch owns the run
+                fencing.stop(self, self.lineage)
+            raise
         self._metrics.flush()
         self.record_event("finish", step=self.step)
         self._guard.uninstall()
+        if self._buffer_hook is not None:
+            self._buffer_hook.remove()
+            self._buffer_hook = None
+        if self._watcher is not None:
+            self._watcher.stop()
 
     def __enter__(self) -> Run:
         return self
@@ -438,13 +644,20 @@ class Run:
             self.flush()
 
     def _capture(self, reason: str, persist: bool) -> snapshot.Captured | None:
+        entered = self._adaptive.clock()
+        meta = self._meta(reason, frozen=persist)  # not in the copy's cost: it may wait for
+        # the freeze (once, and only to persist: a shadow's is named if it is ever persisted)
+        started = self._adaptive.clock()
+        self._check_buffers()
         taken = dist_state.capture(self.components, self.extra, self._group)
         captured = None
         if taken is not None:  # rank 0 (the only writer on several ranks)
-            captured = self._tiers.capture(self.step, *taken, self._meta(reason),
-                                           persist=persist)
+            captured = self._tiers.capture(self.step, *taken, meta, persist=persist)
+        done = self._adaptive.clock()
+        self._adaptive.shadow(done - started)
+        self._burst_seconds += done - entered  # not training time either
         if persist:
-            self._last_persist = time.monotonic()
+            self._adaptive.persisted()
         return captured
 
     def save_boundary(self, reason: str) -> int | None:
@@ -473,14 +686,26 @@ class Run:
             self._uploads.submit(manifest["step"])
 
     def _newest_manifest(self) -> dict | None:
-        """The newest snapshot, pulled into the local tier first when the remote is newer."""
+        """The newest intact snapshot, pulled into the local tier first when the remote is
+        newer. One rule on every store: a damaged newer snapshot is skipped for an older
+        intact one, loudly (a warning and a ``snapshot-skipped`` event)."""
         if self.local is not self.store:
             local_steps = reader.list_steps(self.local, self.run_id)
             remote_steps = reader.list_steps(self.store, self.run_id)
             if remote_steps and (not local_steps or remote_steps[-1] > local_steps[-1]):
-                sync.pull(self.store, self.local, self.run_id,
-                          log=lambda msg: warnings.warn(f"burst: {msg}", stacklevel=4))
-        return reader.read_manifest(self.local, self.run_id)
+                try:
+                    sync.pull(self.store, self.local, self.run_id, log=self._skipped_snapshot)
+                except SnapshotError as exc:
+                    if not local_steps:
+                        raise
+                    self._skipped_snapshot(f"{exc}; using the local tier's snapshots")
+        newest = reader.newest_intact(self.local, self.run_id, log=self._skipped_snapshot)
+        self._verified_step = None if newest is None else newest["step"]
+        return newest
+
+    def _skipped_snapshot(self, message: str) -> None:
+        warnings.warn(f"burst: {message}", RuntimeWarning, stacklevel=2)
+        self.record_event("snapshot-skipped", message=message)
 
     def record_event(self, name: str, /, **fields: Any) -> None:
         """Record an event; the history is worth less than the run, so failures only warn."""
@@ -490,9 +715,12 @@ class Run:
             fields.setdefault("rank", self.rank)
         events.record(self.local, self.run_id, name, **fields)  # uploaded with snapshots
 
-    def _meta(self, reason: str) -> dict[str, Any]:
-        frozen = freeze.freeze_run(self.store, self.run_id)  # cached; never raises
-        return {
+    def _meta(self, reason: str, frozen: bool = True) -> dict[str, Any]:
+        """The manifest fields of a capture; ``frozen=False`` (a RAM shadow nobody may
+        ever persist) leaves the environment freeze to :meth:`_freeze_fields`, which the
+        persister calls, so the training loop never waits for a freeze to copy state."""
+        self._announce_resume()
+        meta = {
             "reason": reason,
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
             "counters": {"step": self.step, "epoch": self.epoch,
@@ -506,9 +734,20 @@ class Run:
                          "cuda": torch.version.cuda, "platform": sys.platform},
             "card": _card_name(),
             "memory": {"peak_bytes_by_micro_batch": dict(self._peak_memory)},
-            "lockfile_hash": frozen.lockfile_hash,
-            "code_ref": frozen.code_ref,
+            "intervals": self._adaptive.intervals().as_dict(),
         }
+        return self._freeze_fields(meta) if frozen else meta
+
+    def _freeze_fields(self, meta: dict[str, Any]) -> dict[str, Any]:
+        """``meta`` with the frozen environment and code named (unless it already is)."""
+        if "lockfile_hash" in meta:
+            return meta
+        # bounded: a freeze not done in time is "pending" here and named by later snapshots;
+        # a snapshot taken because something failed never waits for it
+        wait = freeze.SNAPSHOT_WAIT_SECONDS if meta["reason"] in _ROUTINE_REASONS else 0.0
+        frozen = freeze.freeze_run(self.store, self.run_id, local=self.local, wait=wait)
+        return {**meta, "lockfile_hash": frozen.lockfile_hash, "code_ref": frozen.code_ref,
+                **({"freeze": "pending"} if frozen.pending else {})}
 
     def _total_steps(self) -> int | None:
         """Steps of the whole run, when the loop has said how many epochs (for planners)."""
@@ -540,10 +779,40 @@ class Run:
         return torch.autocast(device, dtype=AMP_DTYPES[self.amp])
 
     def _record_memory(self) -> None:
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        if torch.cuda.is_initialized():  # cheap, every step (never initialises CUDA)
             key = str(self.micro_batch)
             peak = torch.cuda.max_memory_allocated()
             self._peak_memory[key] = max(self._peak_memory.get(key, 0), peak)
+
+
+def _persist_seconds(value: float | str | None) -> float | str | None:
+    if value is None or value == adaptive.AUTO:
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise ConfigError(f"persist_seconds must be a positive number, None or "
+                          f"{adaptive.AUTO!r}, got {value!r}")
+    return float(value)
+
+
+def _budget(value: float) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < 1:
+        raise ConfigError(f"overhead_budget is a fraction of training time (0.01 is 1%), "
+                          f"got {value!r}")
+    return float(value)
+
+
+def _moved(said: adaptive.Intervals, now: adaptive.Intervals) -> bool:
+    """Whether the intervals changed enough to say so again (by more than half)."""
+    if (said.persist_cost is None) != (now.persist_cost is None):
+        return True
+    pairs = [(said.shadow_every, now.shadow_every), (said.persist_seconds, now.persist_seconds)]
+    return any((a is None) != (b is None) or (a and b and not 0.5 <= b / a <= 2)
+               for a, b in pairs)
+
+
+def _same_layout(copy: torch.Tensor | None, live: torch.Tensor) -> bool:
+    return (copy is not None and copy.shape == live.shape and copy.dtype == live.dtype
+            and copy.device == live.device)
 
 
 def _run_id(run_id: str | None) -> str:
@@ -555,7 +824,8 @@ def _run_id(run_id: str | None) -> str:
     except SnapshotError:
         raise ConfigError(f"run id {run_id!r} may hold only letters, digits and ._=+@-") from None
     if run_id in SHARED_PREFIXES:
-        raise ConfigError(f"run id {run_id!r} is the name of the store's shared wheelhouse: "
+        raise ConfigError(f"run id {run_id!r} is a name the store keeps for itself "
+                          f"({', '.join(sorted(SHARED_PREFIXES))}): "
                           "choose another")
     return run_id
 

@@ -11,7 +11,10 @@ run resumed on another machine with other library versions sees the same order.
 ``SeededDataset`` makes augmentation randomness a function of (seed, epoch, sample):
 each ``__getitem__`` runs under generators seeded for that sample and the caller's
 generators are left untouched. Which worker loads a sample, how many workers there are,
-and whether the run was resumed in between no longer matter.
+and whether the run was resumed in between no longer matter. With DataLoader workers it is
+*required* for exact replay of any randomness in ``__getitem__``: each worker otherwise
+draws from its own generator, and after a mid-epoch resume the samples land on other
+workers, at other points of their streams.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, Sampler
+from torch.utils.data import Dataset, Sampler, get_worker_info
 
 from burst.parallel import partition
 
@@ -53,7 +56,12 @@ class ResumableSampler(Sampler[int]):
 
     ``drop_last`` drops the epoch's tail that would not fill a whole global batch (set by
     the run through ``global_batch``), so every optimizer step sees a full batch whatever
-    the micro-batch split; the DataLoader's own ``drop_last`` works too but depends on it.
+    the micro-batch split: use this one. The DataLoader's own ``drop_last`` drops per
+    micro-batch, so the epoch's last step changes when a resume re-plans the micro-batch,
+    and it is refused on several ranks.
+
+    Pass it to ``Run.attach(..., sampler=...)`` so a snapshot of other data (length, seed,
+    shuffle, ``drop_last``) is refused before anything is restored.
 
     On several ranks (``rank``/``world_size``, set by the run) each rank yields only its
     contiguous share of every global batch (:mod:`burst.partition`), so the ranks together
@@ -91,7 +99,7 @@ class ResumableSampler(Sampler[int]):
             order = order[partition.rank_positions(len(order), self._split_batch(),
                                                    self.rank, self.world_size)]
         epoch = self.epoch
-        return (SampleIndex(int(i), epoch) for i in order)
+        return (SampleIndex(i, epoch) for i in order.tolist())  # ints in one C call
 
     def __len__(self) -> int:
         """This rank's samples left in the epoch."""
@@ -115,7 +123,15 @@ class ResumableSampler(Sampler[int]):
 
 
 class SeededDataset(Dataset):
-    """Wraps a dataset so each sample's randomness is seeded by (seed, epoch, index)."""
+    """Wraps a dataset so each sample's randomness is seeded by (seed, epoch, index).
+
+    Cheap per sample: the three global generators (Python's, NumPy's, torch's CPU one)
+    are seeded in place for the sample, never forked. In the training process the
+    caller's states are saved and put back around the sample; in a DataLoader worker
+    they are not, since nothing a run replays draws from a worker's own generators (a
+    worker's stream is not replayable after a resume anyway), and that skips the
+    costliest part, reading NumPy's state.
+    """
 
     def __init__(self, dataset: Dataset, seed: int = 0) -> None:
         self.dataset, self.seed = dataset, seed
@@ -126,14 +142,22 @@ class SeededDataset(Dataset):
     def __getitem__(self, index: int) -> Any:
         epoch = getattr(index, "epoch", 0)
         sample_seed = derive_seed("sample", self.seed, epoch, int(index), bits=63)
-        saved_python = random.getstate()
-        saved_numpy = np.random.get_state()
-        with torch.random.fork_rng(devices=[]):
-            torch.default_generator.manual_seed(sample_seed)  # CPU only: CUDA untouched
-            random.seed(sample_seed)
-            np.random.seed(sample_seed % (1 << 32))
-            try:
-                return self.dataset[index]
-            finally:
-                random.setstate(saved_python)
-                np.random.set_state(saved_numpy)
+        if get_worker_info() is not None:
+            _seed_globals(sample_seed)
+            return self.dataset[index]
+        saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
+        _seed_globals(sample_seed)
+        try:
+            return self.dataset[index]
+        finally:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+            torch.set_rng_state(saved[2])
+
+
+def _seed_globals(seed: int) -> None:
+    """Seed Python's, NumPy's and torch's CPU generator for one sample (CUDA untouched:
+    the same streams ``torch.random.fork_rng`` + ``manual_seed`` gave)."""
+    torch.default_generator.manual_seed(seed)
+    random.seed(seed)
+    np.random.seed(seed % (1 << 32))

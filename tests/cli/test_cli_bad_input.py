@@ -8,8 +8,13 @@ unknown runs, run ids that try to leave the store, malformed and unreachable sto
 
 from __future__ import annotations
 
+import ast
+import importlib.util
 import os
+import shutil
 import stat
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,12 +22,25 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from burst.cli import EXIT_INTERNAL, main
+from burst.cli import EXIT_INTERNAL, main, options
 from burst.store import retry
 
 UNREACHABLE = "sftp://127.0.0.1:1/nowhere"  # nothing listens on port 1
 STORE = "{store}"  # each case gets a fresh empty store directory
+BLOCKED = "{blocked}"  # a regular file
 MISSING = "{blocked}/x"  # below a regular file: cannot exist, nor be created, even by root
+SECRET = "SECRET-e7c1"  # must never be printed, nor written to a crash log
+ENDPOINTS = {  # each a usage error (exit 2), never an internal one, and never echoed whole
+    "endpoint not a URL": "not-a-url",
+    "endpoint unparseable": "http://[::1",
+    "endpoint port out of range": "http://127.0.0.1:99999",
+    "endpoint with a password": f"http://user:{SECRET}@127.0.0.1:1",
+    "endpoint malformed with a password": f"http:/user:{SECRET}@127.0.0.1:1",
+    "endpoint bare with a password": f"user:{SECRET}@127.0.0.1:1",
+    "endpoint with a signature": f"http://127.0.0.1:1/?X-Amz-Signature={SECRET}",
+}
+ADDRESSES = {"to", "burst_to", "index_url", "torch_index"}  # options that take a URL
+USAGE = (*ENDPOINTS, "empty store", "store is a file", "unparseable store")
 NUMERIC = (click.types.IntParamType, click.types.FloatParamType)
 # flags that would act on the machine (install timers, packages) are never passed
 SIDE_EFFECTS = {"install", "uninstall", "system"}
@@ -83,6 +101,22 @@ def cases(path: tuple[str, ...], command: click.Command, store: str
         yield "unreachable store", [*path, *base, "--store", UNREACHABLE]
         yield "malformed store", [*path, *base, "--store", "s3://"]
         yield "unknown scheme", [*path, *base, "--store", "nosuch://x/y"]
+        yield "empty store", [*path, *base, "--store", ""]
+        yield "store is a file", [*path, *base, "--store", BLOCKED]
+        yield "unparseable store", [*path, *base, "--store", "sftp://[::1"]
+    if _option(command, "endpoint_url") is not None:
+        for why, endpoint in ENDPOINTS.items():
+            yield why, [*path, *base, "--store", "s3://bucket", "--endpoint-url", endpoint]
+    for param in command.params:  # any other address: malformed, with a password in it
+        if isinstance(param, click.Option) and param.name in ADDRESSES:
+            for why, url in (("unparseable", f"ssh://u:{SECRET}@[::1"),
+                             ("port out of range", f"ssh://u:{SECRET}@127.0.0.1:99999")):
+                yield f"{param.opts[0]} {why}", [*path, *base, param.opts[0], url]
+    for name, flag, value in (("cards", "--gpu", ""), ("cards", "--gpu", " , "),
+                              ("infra", "--infra", "bogus!!"), ("infra", "--infra", "k8s/"),
+                              ("infra", "--infra", "nosuchcloud/r")):
+        if _option(command, name) is not None:
+            yield f"{flag} {value!r}", [*path, *base, flag, value]
     if any(p.name == "run_id" for p in command.params):
         hostile = [a if a != "no-such-run" else "../../etc" for a in base]
         if hostile != base:
@@ -96,9 +130,7 @@ def all_cases() -> list[tuple[str, list[str]]]:
 
 # Some commands accept an unknown run on purpose: freezing one starts it, and a wrapper
 # around a training command runs it (it reaches the store only if the command does).
-# `report` and `status` describe an unknown run as empty rather than refusing it.
-ACCEPTS_NEW_RUN = {"freeze", "run", "drill", "node setup", "node run", "schedule", "report",
-                   "status"}
+ACCEPTS_NEW_RUN = {"freeze", "run", "drill", "node setup", "node run", "schedule"}
 WRAPPERS = {"run", "drill"}
 
 
@@ -137,6 +169,8 @@ def test_every_command_fails_bad_input_in_one_line(isolated: Path) -> None:
         result = runner.invoke(main, args, catch_exceptions=True)
         output = result.output
         errors = [line for line in output.splitlines() if line.startswith("Error")]
+        if SECRET in output:
+            problems.append(f"{case}: printed the secret: {output[-300:]!r}")
         if result.exit_code == 0 and _allowed_success(case):
             continue
         if result.exception is not None and not isinstance(result.exception, SystemExit):
@@ -145,7 +179,15 @@ def test_every_command_fails_bad_input_in_one_line(isolated: Path) -> None:
             problems.append(f"{case}: exit {result.exit_code}: {output[-300:]!r}")
         elif "Traceback" in output or len(errors) != 1:
             problems.append(f"{case}: not one error line: {output[-300:]!r}")
-    print(f"\n{len(table)} bad-input cases over {len(list(commands()))} commands")
+        elif case.split(": ", 1)[1] in USAGE and result.exit_code != 2:
+            problems.append(f"{case}: exit {result.exit_code}, not 2: {output[-300:]!r}")
+    logs = isolated / "xdg_state_home" / "burst" / "logs"
+    crash_logs = sorted(logs.iterdir()) if logs.is_dir() else []
+    problems += [f"{log.name}: holds the secret" for log in crash_logs
+                 if SECRET in log.read_text()]
+    failed = {line.split(": ", 1)[0] + ": " + line.split(": ", 2)[1] for line in problems}
+    print(f"\n{len(table)} bad-input cases over {len(list(commands()))} commands: "
+          f"{len(table) - len(failed)} passed")
     assert not problems, "\n".join(problems)
 
 
@@ -180,3 +222,61 @@ def test_an_unwritable_path_is_one_line_not_an_internal_error(isolated: Path) ->
     result = CliRunner().invoke(main, ["gc", "run", "--store", blocked])
     assert result.exit_code not in (0, EXIT_INTERNAL)
     assert "Traceback" not in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def _without_file_permission_override() -> list[str]:
+    """A command prefix under which permission bits bind. Tests run as root, which reads
+    anything through CAP_DAC_OVERRIDE; without it (and CAP_DAC_READ_SEARCH) root is an
+    ordinary owner, while the interpreter under /root stays readable to it."""
+    if os.geteuid() != 0:
+        return []
+    prefix = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search", "--"]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"],
+                                                         check=False).returncode != 0:
+        pytest.skip("root cannot drop the capability to read anything here")
+    return prefix
+
+
+@pytest.mark.parametrize(("unreadable", "args"), [
+    ("store", ["ls"]),
+    ("store", ["ls", "run"]),
+    ("store/run/snapshots", ["ls"]),
+    ("store/run/snapshots", ["ls", "run"]),
+])
+def test_an_unreadable_store_is_permission_denied_not_empty(
+        isolated: Path, unreadable: str, args: list[str]) -> None:
+    prefix = _without_file_permission_override()
+    snapshots = isolated / "store" / "run" / "snapshots"
+    snapshots.mkdir(parents=True)
+    (snapshots / "00000001.json").write_text("{}")
+    (isolated / unreadable).chmod(0)
+    try:
+        done = subprocess.run([*prefix, sys.executable, "-m", "burst.cli", *args, "--store",
+                               str(isolated / "store")], capture_output=True, text=True,
+                              timeout=120, check=False)
+    finally:
+        (isolated / unreadable).chmod(0o700)
+    assert done.returncode not in (0, EXIT_INTERNAL), done.stdout
+    assert done.stdout == "" and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert "permission denied" in done.stderr.lower()
+
+
+def test_report_of_a_missing_run_is_an_error_and_writes_nothing(isolated: Path) -> None:
+    result = CliRunner().invoke(main, ["report", "nope", "--store", str(isolated / "empty-store"),
+                                       "--out", str(isolated / "report")])
+    assert result.exit_code == 1
+    assert result.output.strip() == (f"Error: run 'nope' has nothing in "
+                                     f"{(isolated / 'empty-store').as_uri()}")
+    assert not (isolated / "report").exists()
+
+
+def test_the_infra_check_knows_every_skypilot_cloud() -> None:
+    """Read from SkyPilot's source, not imported: importing SkyPilot takes seconds."""
+    spec = importlib.util.find_spec("sky")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("SkyPilot is not installed")
+    source = Path(spec.submodule_search_locations[0], "skylet", "constants.py").read_text()
+    clouds = next(ast.literal_eval(node.value) for node in ast.parse(source).body
+                  if isinstance(node, ast.Assign)
+                  and any(getattr(t, "id", "") == "ALL_CLOUDS" for t in node.targets))
+    assert sorted(options.SKYPILOT_CLOUDS) == sorted(clouds)

@@ -60,7 +60,7 @@ def test_plan_counts_and_infra_flags_shape_the_candidates(store_url):
                   "--count", "1,2", "--infra", "k8s/lab", "--infra", "aws/us-east-1")
     data = json.loads(result.output)
     rows = [(c["count"], c["infra"], c["spot"]) for c in data["candidates"] if c["fits"]]
-    assert rows[0] == (1, "aws/us-east-1", True)
+    assert rows[0] == (1, "k8s/lab", False)  # own capacity first (the default tier order)
     assert (1, "k8s/lab", True) not in rows and (1, "k8s/lab", False) in rows
 
 

@@ -28,6 +28,8 @@ def candidate(card: str, infra: str | None, spot: bool) -> Plan:
 def rendered(managed: bool = True):
     plans = [candidate("A100", "aws/us-east-1", True), candidate("A100", "gcp", True),
              candidate("A100-80GB", "k8s/bj-a100", False), candidate("H100", None, False)]
+    if not managed:  # a cluster has no recovery: on-demand only
+        plans = [p for p in plans if not p.target.spot]
     spec = TaskSpec("run-1", 7, "gpu-failure", "burst-run-1", plans, ["python", "train.py"],
                     {"BURST_RUN_ID": "run-1", "BURST_STORE": "s3://b/p"}, sorted(SECRETS),
                     NodeSoftware(None, "burst-failover==0.1"), managed)
@@ -82,8 +84,9 @@ def test_managed_job_gets_the_real_task_with_ordered_resources_and_secrets(recor
         ({"A100-80GB": 1}, False, "Kubernetes"), ({"H100": 1}, False, None)]
     assert resources[0].region == "us-east-1" and resources[2].region == "bj-a100"
     for r in resources:
-        assert r.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 3,
-                                  "recover_on_exit_codes": [86, 87]}
+        assert r.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 0,
+                                  "recover_on_exit_codes": [87]}
+    assert sky_task.envs["BURST_MAX_RESTARTS"] == "5"  # burst bounds the restarts itself
     assert {k: v.get_secret_value() for k, v in sky_task.secrets.items()} == SECRETS
     assert not sky_task.managed_secret_refs  # values given inline, nothing to look up
     assert sky_task.envs["BURST_RUN_ID"] == "run-1"
@@ -106,6 +109,17 @@ def test_cluster_mode_launches_with_autostop_follows_and_tears_down(recorder):
     assert all(r.job_recovery is None for r in sky_task.resources)
     assert recorder.first("tail_logs")[0] == ("mine", 3)
     assert recorder.first("down")[0] == ("mine",)
+
+
+def test_keep_leaves_the_cluster_up_without_autodown(recorder):
+    launcher = SkyPilotLauncher(mode="cluster", cluster="mine", idle_minutes=7, keep=True)
+    result = launcher.launch(rendered(managed=False), SECRETS, Reporter(say=lambda _m: None))
+    assert result.returncode == 0 and result.details["kept"] is True
+    assert recorder.names() == ["launch", "stream_and_get", "tail_logs"]  # no sky.down
+    assert recorder.first("launch")[1] == {"cluster_name": "mine",
+                                           "idle_minutes_to_autostop": 7, "down": False}
+    described = "\n".join(launcher.describe(rendered(managed=False), []))
+    assert "--down" not in described and "sky down mine  #" not in described
 
 
 def test_sdk_errors_become_one_line(monkeypatch):

@@ -104,8 +104,8 @@ def test_dry_run_renders_the_planners_ordered_candidates(s3_run, cards, region, 
     fits = [p for p in replan(open_store(url), "run", cards=cards, region=region,
                               options=planner.Options(spot=policy),
                               config=load_config(config)).plans if p.fits]
-    expected = ([p for p in fits if p.target.spot][:PER_TIER]
-                + [p for p in fits if not p.target.spot][:PER_TIER])
+    tiers = [p.target.tier for p in fits]  # the planner's order, each tier capped
+    expected = [p for i, p in enumerate(fits) if tiers[:i].count(tiers[i]) < PER_TIER]
     assert len(task.resources) == len(expected) > 0
     for got, plan in zip(task.resources, expected, strict=True):
         assert got.accelerators == {plan.target.card.name: plan.target.count}
@@ -115,7 +115,8 @@ def test_dry_run_renders_the_planners_ordered_candidates(s3_run, cards, region, 
         if not plan.target.place.infra:
             assert got.cloud is None
     spots = [r.use_spot for r in task.resources]
-    assert spots == sorted(spots, reverse=True), "spot entries must all come first"
+    public = [p.target.spot for p in expected if not p.target.place.own_capacity]
+    assert public == sorted(public, reverse=True), "public spot entries come before on-demand"
     if spot is True:
         assert all(spots)
     if spot is False:
@@ -125,7 +126,8 @@ def test_dry_run_renders_the_planners_ordered_candidates(s3_run, cards, region, 
                                       "AWS_SESSION_TOKEN": None, "HF_TOKEN": None}
     recovery = config_yaml["resources"]["job_recovery"]
     assert recovery["strategy"] == "EAGER_NEXT_REGION"
-    assert recovery["recover_on_exit_codes"] == [86, 87]
+    assert recovery["recover_on_exit_codes"] == [87] and recovery["max_restarts_on_errors"] == 0
+    assert config_yaml["envs"]["BURST_MAX_RESTARTS"] == "5"  # burst's own bound
     assert config_yaml["envs"]["BURST_RUN_ID"] == "run"
     assert config_yaml["envs"]["BURST_STORE"] == url
     assert "sky jobs launch" in result.output
@@ -159,14 +161,21 @@ def test_multi_node_task_runs_torchrun_from_skypilot_variables(s3_run):
     assert "torch.distributed.run" in task.run and "train.py --lr 0.1" in task.run
 
 
-def test_forced_micro_batch_and_cluster_mode(s3_run):
+def test_forced_micro_batch_and_cluster_mode_falls_back_to_on_demand(s3_run):
     url, _ = s3_run
     result = dry_run("--store", url, "--gpu", "A100", "--micro-batch", "4", "--mode", "cluster",
                      "--cluster", "mine", "--", "python", "train.py")
     assert result.exit_code == 0, result.output
-    config = yaml.safe_load(rendered_yaml(result.output))
+    assert "cluster mode has no recovery from a preemption: on-demand candidates only" \
+        in result.output
+    text = rendered_yaml(result.output)
+    config = yaml.safe_load(text)
     assert config["envs"]["BURST_PLAN_MICRO_BATCH"] == "4"
-    assert "job_recovery" not in config["resources"]
+    assert "job_recovery" not in config["resources"] and "BURST_MAX_RESTARTS" not in config["envs"]
+    assert config["resources"]["ordered"]
+    assert all(r["use_spot"] is False for r in config["resources"]["ordered"])
+    resources = sky.Task.from_yaml_str(text).resources
+    assert all(not r.use_spot and r.job_recovery is None for r in resources)
     assert "sky launch -c mine" in result.output and "sky down mine" in result.output
 
 
@@ -177,6 +186,7 @@ def test_forced_micro_batch_and_cluster_mode(s3_run):
     (["--micro-batch", "5"], "does not split global batch"),
     (["--region", "atlantis"], "unknown region profile"),
     (["--secret", "NOT_SET_ANYWHERE"], "is not set here"),
+    (["--spot", "--mode", "cluster"], "--spot needs recovery"),
 ])
 def test_bad_input_is_one_line_without_traceback(s3_run, monkeypatch, args, message):
     url, _ = s3_run

@@ -145,15 +145,17 @@ def test_stub_falls_back_over_capacity_and_recovers_from_preemption(s3, project,
                  *entry_point(records), cwd=project)
     assert done.returncode == 0, done.stderr[-3000:]
     launched = [line for line in done.stderr.splitlines() if "stub: launching" in line]
-    # L4 and A100 spot are refused for capacity; L4 on-demand is preempted; next in order
+    # L4 and A100 spot are refused for capacity; L4 on-demand is preempted; the recovery
+    # walks the ordered list from the top again (EAGER_NEXT_REGION), where L4 spot is back
     assert [line.split("launching ", 1)[1].split(" on ")[0] for line in launched] == [
-        "L4:1 at any (on-demand)", "A100:1 at any (on-demand)"]
+        "L4:1 at any (on-demand)", "L4:1 at any (spot)"]
     history = events.read(open_store(s3), "spot")
     names = [e["event"] for e in history]
     assert names.count("capacity") == 2 and names.count("preempted") == 1
     starts = [e for e in history if e["event"] == "node-start"]
     assert [e["step"] for e in starts] == [4, 7]  # the preempted node snapshotted step 7
     assert len({e["task_id"] for e in starts}) == 1  # SKYPILOT_TASK_ID survives recovery
+    assert [e["restarts"] for e in starts] == [0, 1]  # counted in the store, under the bound
     assert len({e["node_dir"] for e in starts}) == 2  # a fresh node each time
     finals = node_finals(nodes)
     assert len(finals) == 1

@@ -10,6 +10,7 @@ from click.testing import CliRunner
 
 from burst import events
 from burst.cli import main
+from burst.resume import status
 from burst.resume.status import run_status
 from burst.store import open_store
 from tests.plan_helpers import manifest, put_manifest
@@ -47,3 +48,18 @@ def test_status_cli_table_json_list_and_errors(tmp_path):
     missing = runner.invoke(main, ["status", "nope", "--store", url])
     assert missing.exit_code != 0 and "has nothing in" in missing.output
     assert "Traceback" not in missing.output
+
+
+def test_a_training_process_on_a_node_is_placed_on_that_node():
+    history = [{"event": "launch", "to": "local", "time": "t0"},
+               {"event": "node-start", "host": "gpu-1", "time": "t1"},
+               {"event": "resume", "time": "t2"}]
+    assert status.where(history)["place"] == "node gpu-1"
+    assert status.where(history)["state"] == "training"
+
+
+def test_a_training_process_after_its_node_ended_is_placed_here():
+    history = [{"event": "node-start", "host": "gpu-1", "time": "t1"},
+               {"event": "node-exit", "host": "gpu-1", "returncode": 0, "time": "t2"},
+               {"event": "start", "time": "t3"}]
+    assert status.where(history)["place"] == "local"

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -11,6 +16,7 @@ import torch
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
 from burst.snapshot import reader, retention, sync
+from burst.snapshot.upload import UploadQueue
 from burst.store import LocalStore, MemoryStore
 from tests.snapshot_helpers import take
 
@@ -110,3 +116,45 @@ def test_an_unreadable_kept_manifest_stops_the_blob_sweep(tmp_path):
     with pytest.raises(SnapshotError, match="not collecting garbage"):
         retention.gc(store, "run", keep_last=1)
     assert store.list("run/blobs/") == blobs
+
+
+def _killed_during_the_marker_write(src: LocalStore, dst: LocalStore) -> Path:
+    """A real push into ``dst`` SIGKILLed at its first kill point: inside the upload
+    marker's write, after the temporary is written and before its rename."""
+    code = ("import sys; from burst.snapshot import sync; from burst.store import LocalStore; "
+            "sync.push(LocalStore(sys.argv[1]), LocalStore(sys.argv[2]), 'run')")
+    done = subprocess.run([sys.executable, "-c", code, str(src.root), str(dst.root)],
+                          env={**os.environ, "BURST_KILLPOINT": "1"}, check=False)
+    assert done.returncode == -signal.SIGKILL
+    (temporary,) = (dst.root / "run" / "uploads").glob(".*.tmp")
+    return temporary
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then))
+
+
+def test_gc_sweeps_the_temporary_a_killed_marker_write_left(tmp_path):
+    src, dst = LocalStore(tmp_path / "src"), LocalStore(tmp_path / "dst")
+    take(src, 1)
+    take(dst, 0)  # a snapshot of its own, for GC to keep
+    stale = _killed_during_the_marker_write(src, dst)
+    live = stale.with_name(".000000000002.json.live.tmp")  # a writer at work right now
+    live.write_bytes(b"{}")
+    _age(stale, retention.TEMP_TTL + 60)
+    report = retention.gc(dst, "run", keep_last=1)
+    assert report.temporaries_deleted == 1
+    assert not stale.exists() and live.exists()
+
+
+def test_opening_the_upload_queue_sweeps_stale_temporaries(tmp_path):
+    src, dst = LocalStore(tmp_path / "src"), LocalStore(tmp_path / "dst")
+    take(src, 1)
+    stale = _killed_during_the_marker_write(src, dst)
+    _age(stale, retention.TEMP_TTL + 60)
+    queue = UploadQueue(src, dst, "run")
+    queue.catch_up()
+    queue.flush(timeout=30)
+    assert not stale.exists()
+    assert reader.list_steps(dst, "run") == [1]

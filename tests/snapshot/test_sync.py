@@ -199,3 +199,15 @@ def test_push_and_pull_work_over_sftp(local, sshd, tmp_path):
     sync.pull(remote, fresh, "run")
     loaded = load_tensors(fresh, reader.read_manifest(fresh, "run"))
     assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+
+
+def test_pushing_several_snapshots_reports_one_total_that_the_bar_reaches(local, remote):
+    for step in (1, 2, 3):
+        take(local, step, {"frozen": torch.zeros(4000), "w": torch.full((1000,), float(step))})
+    reports: list[tuple[int, int]] = []
+    transfers = sync.push(local, remote, "run", every=True,
+                          progress=lambda n, total: reports.append((n, total)))
+    totals = {total for _n, total in reports}
+    moved = sum(t.bytes_sent + t.bytes_skipped for t in transfers)
+    assert totals == {moved}
+    assert sum(n for n, _total in reports) == moved

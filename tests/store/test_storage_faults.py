@@ -172,6 +172,22 @@ def test_pull_rides_out_truncated_and_reset_bodies(proxy, uploaded, tmp_path: Pa
     assert assert_only_complete(local) == [2]
 
 
+def test_pull_retries_truncated_reads_of_the_run_files(proxy, uploaded, seaweed,
+                                                      tmp_path: Path) -> None:
+    """The lockfile and code archive are read through the retry policy too: a truncated
+    GET of one must not fail a pull whose snapshot already landed."""
+    faults, endpoint = proxy
+    files = {f"{RUN}/env/lockfile.json": os.urandom(8192), f"{RUN}/code/code.tar": os.urandom(8192)}
+    for key, data in files.items():
+        direct(seaweed, uploaded).put(key, data)
+    faults.add("truncate", "GET", r"/env/lockfile\.json$", times=1)
+    faults.add("truncate", "GET", r"/code/code\.tar$", times=1)
+    local = LocalStore(tmp_path / "dst")
+    sync.pull(through(endpoint, uploaded), local, RUN, policy=FAST)
+    assert faults.fired("truncate") == 2
+    assert {key: local.get(key) for key in files} == files
+
+
 def test_corrupt_download_is_refused_and_falls_back(proxy, uploaded, tmp_path: Path) -> None:
     """Bytes flipped in flight fail the hash check; pull never commits that snapshot."""
     faults, endpoint = proxy

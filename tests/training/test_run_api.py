@@ -264,5 +264,5 @@ def test_the_runs_grad_scaler_is_enabled_only_for_fp16(tmp_path):
 
 
 def test_a_run_may_not_take_the_name_of_the_stores_shared_wheelhouse(tmp_path):
-    with pytest.raises(ConfigError, match="shared wheelhouse"):
+    with pytest.raises(ConfigError, match="keeps for itself"):
         burst.Run("wheels", global_batch=4, store=tmp_path / "store")

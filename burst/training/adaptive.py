@@ -1,0 +1,168 @@
+"""How often to copy the state to RAM and to persist it, chosen from what both cost.
+
+The CheckFreq idea, done for a whole run: burst measures what a step takes, what a RAM
+shadow copy costs the training loop, and what a persist costs (the background write,
+which on a CPU-bound host competes with training), and picks the two intervals that keep
+burst's share of the run's time under a budget (1% by default) while losing as little as
+possible on a failure.
+
+Two failures, two intervals. A SIGKILL (or a lost machine) loses everything since the
+last persisted snapshot: on average half the persist interval, plus the time the persist
+itself takes. A GPU failure or an OOM leaves the process alive, so it loses only the work
+since the last RAM shadow: half the shadow interval. With costs ``c_p`` and ``c_s`` per
+persist and per shadow, minimising the sum of the two expected losses under
+``c_p / T_p + c_s / T_s <= budget`` gives (Lagrange) ``T_i = sqrt(c_i) * (sqrt(c_p) +
+sqrt(c_s)) / budget``: each interval grows with the square root of its own cost, and the
+budget is spent exactly.
+
+Before anything is measured the policy takes a shadow copy at the first step boundary
+(measuring it) and persists once the run has trained ten seconds, so a run killed in its
+first minute still leaves a snapshot; that first persist is what it measures next. Every figure is a moving average, so intervals follow a run whose steps or
+state change; the policy never reads a clock it was not given (tests inject one).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+AUTO = "auto"  # an interval the run chooses (the default)
+DEFAULT_BUDGET = 0.01  # of training time
+MIN_PERSIST_SECONDS = 2.0  # shorter saves little and churns the disk
+MAX_PERSIST_SECONDS = 3600.0
+MAX_SHADOW_EVERY = 10_000
+FIRST_PERSIST_SECONDS = 10.0  # of training before the first persist (then it is measured)
+UNMEASURED_PERSIST_SECONDS = 60.0  # the second persist, if the first has not measured yet
+_SMOOTHING = 0.2  # weight of a new measurement in the moving averages
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """The chosen intervals and what they were chosen from (seconds unless named)."""
+
+    shadow_every: int  # steps between RAM shadow copies
+    persist_seconds: float | None  # between persisted snapshots (None: none timed)
+    expected_loss_seconds: float | None  # of training a SIGKILL loses, on average
+    step_seconds: float | None
+    shadow_cost: float | None
+    persist_cost: float | None
+    budget: float
+    chosen: bool  # the persist interval was chosen by burst (not the user's)
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        """Rounded, for a snapshot's meta and the ``snapshot-intervals`` event."""
+        return {k: (round(v, 4) if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+class Adaptive:
+    """Chooses the shadow and persist intervals of a run from measured costs.
+
+    The run reports what it measured (``step``, ``shadow``, ``persist``) and asks
+    ``shadow_due`` and ``persist_due`` at each step boundary; ``intervals`` says what is
+    in force. The user's explicit choices are never changed: ``shadow_every`` (None:
+    chosen), and with ``persist_chosen=False`` the persist interval ``persist_seconds``
+    (None: no timed persists, e.g. when the user persists every N steps instead).
+    """
+
+    def __init__(self, budget: float = DEFAULT_BUDGET, *, shadow_every: int | None = None,
+                 persist_seconds: float | None = None, persist_chosen: bool = True,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        if not 0 < budget < 1:
+            raise ValueError(f"the overhead budget is a fraction of training time, got {budget}")
+        self.budget = budget
+        self.fixed_shadow_every, self.fixed_persist_seconds = shadow_every, persist_seconds
+        self.persist_chosen = persist_chosen
+        self.clock = clock
+        self.step_seconds: float | None = None
+        self.trained = 0.0  # seconds of training measured so far
+        self.shadow_cost: float | None = None
+        self.persist_cost: float | None = None
+        self.last_persist = clock()  # clock time of the last persist (or of the start)
+        self._chosen: Intervals | None = None  # until a measurement moves it
+        self.persists = 0
+
+    # -- measurements ---------------------------------------------------------------------
+
+    def step(self, seconds: float) -> None:
+        """One optimizer step took ``seconds`` of training (burst's own work excluded)."""
+        self.step_seconds = _average(self.step_seconds, seconds)
+        self.trained += max(seconds, 0.0)
+        chosen = self._chosen
+        if chosen is not None and chosen.step_seconds and not (
+                0.9 < self.step_seconds / chosen.step_seconds < 1.1):
+            self._chosen = None
+
+    def shadow(self, seconds: float) -> None:
+        """A shadow copy cost the training loop ``seconds``."""
+        self.shadow_cost = _average(self.shadow_cost, seconds)
+        self._chosen = None
+
+    def persist(self, seconds: float) -> None:
+        """A persist took ``seconds`` of background work (hash, write, commit)."""
+        self.persist_cost = _average(self.persist_cost, seconds)
+        self._chosen = None
+
+    def persisted(self) -> None:
+        """A persist was just queued (whatever asked for it): the interval restarts."""
+        self.last_persist = self.clock()
+        self.persists += 1
+
+    # -- decisions ------------------------------------------------------------------------
+
+    def shadow_due(self, step: int) -> bool:
+        return step % self.intervals().shadow_every == 0
+
+    def persist_due(self, interval: float | None = None) -> bool:
+        """Whether the persist interval (``interval``: this one instead, e.g. shortened on
+        a spot node) has run out. A chosen interval persists first once the run has
+        trained ``FIRST_PERSIST_SECONDS`` (so a run killed in its first minute still
+        leaves a snapshot), and that persist is what the later intervals are chosen from."""
+        if self.persist_chosen and not self.persists:
+            return self.trained >= FIRST_PERSIST_SECONDS
+        if interval is None:
+            interval = self.intervals().persist_seconds
+        return interval is not None and self.clock() - self.last_persist >= interval
+
+    def intervals(self) -> Intervals:
+        """The intervals in force (recomputed only when a measurement moved)."""
+        if self._chosen is None or self._chosen.step_seconds is None:
+            self._chosen = self._compute()
+        return self._chosen
+
+    def _compute(self) -> Intervals:
+        shadow_seconds, chosen = self._chosen_seconds()
+        shadow_every = self.fixed_shadow_every or _steps(shadow_seconds, self.step_seconds)
+        persist = chosen if self.persist_chosen else self.fixed_persist_seconds
+        loss = None if persist is None else persist / 2 + (self.persist_cost or 0.0)
+        return Intervals(shadow_every=shadow_every, persist_seconds=persist,
+                         expected_loss_seconds=loss, step_seconds=self.step_seconds,
+                         shadow_cost=self.shadow_cost, persist_cost=self.persist_cost,
+                         budget=self.budget, chosen=self.persist_chosen)
+
+    def _chosen_seconds(self) -> tuple[float | None, float]:
+        """(shadow interval, persist interval) in seconds from the costs measured so far."""
+        if self.shadow_cost is None:
+            return None, UNMEASURED_PERSIST_SECONDS
+        if self.persist_cost is None:  # the first persist is still being written
+            return 2 * self.shadow_cost / self.budget, UNMEASURED_PERSIST_SECONDS
+        # a persist also takes a shadow copy on the loop, then works in the background
+        persist_cost = self.persist_cost + self.shadow_cost
+        both = math.sqrt(persist_cost) + math.sqrt(self.shadow_cost)
+        persist = math.sqrt(persist_cost) * both / self.budget
+        shadow = math.sqrt(self.shadow_cost) * both / self.budget
+        return shadow, min(max(persist, MIN_PERSIST_SECONDS, self.persist_cost),
+                           MAX_PERSIST_SECONDS)
+
+
+def _steps(seconds: float | None, step_seconds: float | None) -> int:
+    """An interval in whole steps (every step until both figures are known)."""
+    if seconds is None or not step_seconds:
+        return 1
+    return max(1, min(MAX_SHADOW_EVERY, math.ceil(seconds / step_seconds)))
+
+
+def _average(previous: float | None, value: float) -> float:
+    value = max(value, 0.0)
+    return value if previous is None else (1 - _SMOOTHING) * previous + _SMOOTHING * value

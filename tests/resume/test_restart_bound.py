@@ -1,0 +1,85 @@
+"""burst bounds a managed job's restarts itself, counting node starts in the store.
+
+SkyPilot recovers 87 and preemptions without counting them, so ``burst node run`` claims a
+record per start (``<run>/restarts/<n>.json``, put_if_absent) and refuses to train past the
+bound (end to end: ``test_restart_bound_e2e``). An OOM never reaches SkyPilot's recovery:
+the node shrinks the micro-batch, then ends the job with 86.
+
+The store is a real S3 server on loopback (moto); ``burst node run`` runs in-process with a
+real agent supervising a real child process.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from burst import events
+from burst.launch.task import RECOVER_ON, SKYPILOT_MAX_RESTARTS
+from burst.resume import node, restarts
+from burst.store import open_store
+from tests.snapshot_helpers import take
+from tests.store_servers import aws_env
+
+RUN = "bounded"
+
+
+@pytest.fixture
+def s3(moto_s3, monkeypatch, tmp_path) -> str:
+    """A run with one small snapshot in S3, and a node's environment in a managed job."""
+    aws_env(monkeypatch)
+    monkeypatch.setenv("BURST_ENDPOINT_URL", moto_s3.endpoint)
+    monkeypatch.setenv("BURST_ADDRESSING_STYLE", "path")
+    monkeypatch.setenv("BURST_NODE_GPU", "cpu")
+    monkeypatch.setenv("BURST_NODE_DIR", str(tmp_path / "node"))
+    monkeypatch.setenv("SKYPILOT_TASK_ID", f"sky-managed-{tmp_path.name}_1-0")
+    monkeypatch.setenv(restarts.MAX_RESTARTS_ENV, "0")
+    url = f"{moto_s3.url()}/{tmp_path.name}"
+    take(open_store(url), 4, run_id=RUN,
+         batch={"global": 16, "micro": 8, "accumulation": 2, "world_size": 1})
+    return url
+
+
+def start_node(url: str, tmp_path: Path, exit_code: int, attempt: int) -> int:
+    """One start of ``burst node run`` on a fresh node: the child appends to ``ran`` and
+    exits ``exit_code``."""
+    child = (f"import sys; open({str(tmp_path / 'ran')!r}, 'a').write('x'); "
+             f"sys.exit({exit_code})")
+    return node.run([sys.executable, "-c", child], RUN, url, python=sys.executable,
+                    venv=tmp_path / "venv", local_dir=tmp_path / f"local-{attempt}",
+                    say=lambda _m: None)
+
+
+def named(url: str, name: str) -> list[dict]:
+    return [e for e in events.read(open_store(url), RUN) if e["event"] == name]
+
+
+def test_a_node_that_keeps_running_out_of_memory_shrinks_then_ends_the_job_with_86(s3,
+                                                                                  tmp_path):
+    assert start_node(s3, tmp_path, 86, 0) == 86
+    assert 86 not in RECOVER_ON and SKYPILOT_MAX_RESTARTS == 0  # SkyPilot does not retry it
+    actions = [e["action"] for e in named(s3, "policy")]
+    assert actions == ["retry-smaller"] * 3 + ["stop"]  # the agent's own bound, then 86
+    (end,) = named(s3, "node-exit")
+    assert end["returncode"] == 86 and end["decision"] == "stop"
+
+
+def test_restarts_are_counted_per_managed_job_and_rank(moto_s3, tmp_path, monkeypatch):
+    aws_env(monkeypatch)
+    monkeypatch.setenv("BURST_ENDPOINT_URL", moto_s3.endpoint)
+    monkeypatch.setenv("BURST_ADDRESSING_STYLE", "path")
+    store = open_store(f"{moto_s3.url()}/{tmp_path.name}")
+
+    def claim(task: str, rank: int = 0) -> restarts.Start | None:
+        return restarts.claim(store, RUN, {"SKYPILOT_TASK_ID": task,
+                                           "SKYPILOT_NODE_RANK": str(rank),
+                                           restarts.MAX_RESTARTS_ENV: "1"})
+
+    assert [claim("job-a").restarts, claim("job-a", 1).restarts] == [0, 0]  # one attempt
+    second, third = claim("job-a"), claim("job-a")
+    assert (second.restarts, second.over, third.restarts, third.over) == (1, False, 2, True)
+    assert claim("job-b").restarts == 0  # a new resume is a new managed job
+    assert len(store.list(restarts.prefix(RUN))) == 5
+    assert restarts.claim(store, RUN, {"SKYPILOT_TASK_ID": "job-c"}) is None  # no bound
