@@ -8,6 +8,7 @@ restoring tensors needs torch, and that lives in :mod:`burst.snapshot.tensors`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -38,15 +39,37 @@ def read_manifest(store: Store, run_id: str, step: int | None = None) -> dict | 
 
 def read_manifest_bytes(store: Store, run_id: str, step: int) -> tuple[bytes, dict]:
     """The manifest at ``step`` as stored (to copy it byte for byte) and as parsed."""
+    raw, _key = _manifest_raw(store, run_id, step)
+    return raw, fmt.parse_manifest(raw, run_id=run_id, step=step,
+                                   source=f"snapshot {run_id}@{step}")
+
+
+def referenced_blobs(store: Store, run_id: str, step: int) -> frozenset[str]:
+    """The digests of the blobs a snapshot references.
+
+    A persist prunes after every write, and re-parsing and re-validating the kept
+    manifests each time cost a persist more than writing its own; a manifest's bytes
+    are parsed once (:func:`_digests` remembers the last few), and bytes that differ in
+    any way are parsed and validated afresh."""
+    raw, _ = _manifest_raw(store, run_id, step)
+    return _digests(bytes(raw), run_id, step)
+
+
+@functools.lru_cache(maxsize=8)
+def _digests(raw: bytes, run_id: str, step: int) -> frozenset[str]:
+    manifest = fmt.parse_manifest(raw, run_id=run_id, step=step,
+                                  source=f"snapshot {run_id}@{step}")
+    return frozenset(manifest["blobs"])
+
+
+def _manifest_raw(store: Store, run_id: str, step: int) -> tuple[bytes, str]:
     key = fmt.manifest_key(run_id, step)
     check_manifest_size(store, key)
     try:
-        raw = store.get(key)
+        return store.get(key), key
     except KeyError:
         raise SnapshotError(f"run {run_id!r} has no snapshot at step {step} in "
                             f"{store.url}") from None
-    return raw, fmt.parse_manifest(raw, run_id=run_id, step=step,
-                                   source=f"snapshot {run_id}@{step}")
 
 
 def check_manifest_size(store: Store, key: str) -> None:

@@ -29,7 +29,7 @@ from typing import Any
 from burst import killpoints
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
-from burst.snapshot.reader import list_steps, read_manifest
+from burst.snapshot.reader import list_steps, referenced_blobs
 from burst.store.base import Store
 
 MARKER_TTL = 24 * 3600.0
@@ -110,12 +110,10 @@ def _referenced(store: Store, run_id: str, steps: list[int]) -> set[str]:
     referenced: set[str] = set()
     for step in steps:
         try:
-            manifest = read_manifest(store, run_id, step)
+            referenced.update(referenced_blobs(store, run_id, step))
         except SnapshotError as exc:
             raise SnapshotError(f"not collecting garbage: kept snapshot {run_id}@{step} "
                                 f"cannot be read ({exc})") from None
-        if manifest is not None:
-            referenced.update(manifest["blobs"])
     return referenced
 
 

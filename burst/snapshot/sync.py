@@ -129,10 +129,24 @@ def send_blob(src: Store, dst: Store, run_id: str, digest: str, size: int,
     """Copy one blob, refusing to send bytes that do not match their name."""
     key = fmt.blob_key(run_id, digest)
     with source_view(src, key, size) as view:
-        if fmt.sha256(view) != digest:
-            raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is corrupt in {src.url}: "
-                                "not uploading it")
+        def check() -> None:
+            if fmt.sha256(view) != digest:
+                raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is corrupt in "
+                                    f"{src.url}: not uploading it")
+
+        if isinstance(dst, CheckedPut):  # hashed while it is sent, visible only if it matches
+            retry(lambda: dst.put_checked(key, view, check), policy)
+            return
+        check()
         retry(lambda: dst.put(key, view), policy)
+
+
+@runtime_checkable
+class CheckedPut(Protocol):
+    """A store that can check an object's bytes while writing them and refuse to make
+    it visible if the check fails (:meth:`burst.store.s3.S3Store.put_checked`)."""
+
+    def put_checked(self, key: str, data: memoryview, check: Callable[[], None]) -> None: ...
 
 
 @contextlib.contextmanager

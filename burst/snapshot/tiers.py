@@ -215,15 +215,15 @@ def write_snapshot(store: Store, run_id: str, captured: Captured,
     launch's lineage fields (:meth:`burst.snapshot.lineage.Lineage.stamp`), goes into the
     manifest, and the commit refuses it once a newer launch of the run took over."""
     blobs = layout_blobs(captured.tensors)
-    def digest_of(blob: Blob) -> str:
-        return fmt.sha256(blob.payload(captured.tensors))
-
+    # built once: a packed blob's bytes are a copy, hashed here and written by ``land``
+    payloads = [blob.payload(captured.tensors) for blob in blobs]
     if sum(b.size for b in blobs) < _POOL_BYTES:  # threads would cost more than they save
-        digests = [digest_of(b) for b in blobs]
+        digests = [fmt.sha256(data) for data in payloads]
     else:
         with ThreadPoolExecutor(max_workers=4) as pool:
-            digests = list(pool.map(digest_of, blobs))
+            digests = list(pool.map(fmt.sha256, payloads))
     by_digest: dict[str, Blob] = dict(zip(digests, blobs, strict=True))
+    payload_of = dict(zip(digests, payloads, strict=True))
     tensor_entries: dict[str, dict] = {}
     for blob, digest in zip(blobs, digests, strict=True):
         for name, offset in zip(blob.names, blob.offsets, strict=True):
@@ -240,7 +240,7 @@ def write_snapshot(store: Store, run_id: str, captured: Captured,
     }
 
     def land(digest: str, _size: int) -> None:
-        store.put(fmt.blob_key(run_id, digest), by_digest[digest].payload(captured.tensors))
+        store.put(fmt.blob_key(run_id, digest), payload_of[digest])
 
     commit(store, run_id, captured.step, fmt.encode_manifest(manifest),
            {digest: blob.size for digest, blob in by_digest.items()}, land,

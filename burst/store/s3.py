@@ -202,6 +202,21 @@ class S3Store:
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=_ViewReader(view))
         killpoints.hit("s3.put.done")
 
+    def put_checked(self, key: str, data: bytes | bytearray | memoryview,
+                    check: Callable[[], None]) -> None:
+        """Write ``data`` under ``key`` only if ``check()`` returns (it raises to refuse).
+
+        A multipart upload runs the check beside its parts and completes only after it
+        passed: a push hashes a blob while sending it, yet a blob whose bytes do not match
+        its name never becomes visible (a failed check aborts the upload). A small object
+        is checked first: one PUT, nothing to overlap."""
+        view = memoryview(data).cast("B")
+        if len(view) > self.part_size:
+            self._put_multipart(key, view, check)
+            return
+        check()
+        self.put(key, view)
+
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         if self.size(key) is not None:  # servers that ignore If-None-Match still get a check
             return False
@@ -307,16 +322,20 @@ class S3Store:
 
     # -- multipart and ranges ----------------------------------------------------------
 
-    def _put_multipart(self, key: str, view: memoryview) -> None:
+    def _put_multipart(self, key: str, view: memoryview,
+                       check: Callable[[], None] | None = None) -> None:
         part = max(self.part_size, math.ceil(len(view) / MAX_PARTS))
         full = self._key(key)
         with self._errors(f"writing {key}"):
             upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=full)["UploadId"]
         try:
             pool = self._executor()
+            checked = pool.submit(check) if check is not None else None  # beside the parts
             futures = [pool.submit(self._put_part, full, upload, number, view[a:b])
                        for number, (a, b) in enumerate(_ranges(len(view), part), start=1)]
             parts = [{"PartNumber": n, "ETag": f.result()} for n, f in enumerate(futures, 1)]
+            if checked is not None:
+                checked.result()  # raises: the upload is aborted below, nothing visible
             killpoints.hit("s3.multipart.parts-done")
             with self._errors(f"writing {key}"):
                 self.client.complete_multipart_upload(Bucket=self.bucket, Key=full,

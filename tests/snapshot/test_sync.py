@@ -211,3 +211,21 @@ def test_pushing_several_snapshots_reports_one_total_that_the_bar_reaches(local,
     moved = sum(t.bytes_sent + t.bytes_skipped for t in transfers)
     assert totals == {moved}
     assert sum(n for n, _total in reports) == moved
+
+
+def test_a_corrupt_blob_sent_in_parts_is_refused_and_never_becomes_visible(local, request,
+                                                                           monkeypatch):
+    aws_env(monkeypatch)
+    server = request.getfixturevalue("seaweed")
+    remote = open_store(server.url(), **server.options(part_size=5 << 20))
+    manifest = take(local, 1, {"w": torch.randn(6 << 18)})  # 6 MiB: two parts
+    digest = next(iter(manifest["blobs"]))
+    path = local.root / fmt.blob_key("run", digest)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1  # the last part's bytes: the check runs while the first is sent
+    path.write_bytes(bytes(data))
+    with pytest.raises(SnapshotError, match="corrupt"):
+        sync.push(local, remote, "run", policy=FAST)
+    assert remote.size(fmt.blob_key("run", digest)) is None
+    pending = remote.client.list_multipart_uploads(Bucket=remote.bucket).get("Uploads", [])
+    assert not [u for u in pending if digest in u["Key"]]
