@@ -36,7 +36,7 @@ from typing import Any
 
 from burst.env import lockfile as lockfiles
 from burst.env import machine as envfacts
-from burst.env import pkgindex, torchvariant, wheelhouse
+from burst.env import pkgindex, torchvariant, wheelhouse, wheelprobe
 from burst.env.check import live_in
 from burst.env.lockfile import TORCH_FAMILY, Lockfile, Package
 from burst.errors import BurstError, ConfigError
@@ -259,7 +259,12 @@ def _requirements(lock: Lockfile, target: torchvariant.Target, options: Options,
                   env: dict[str, str]) -> tuple[dict | None, list[str], list[dict], list[str]]:
     torch = lock.package("torch")
     recorded = lock.torch_variant()
-    choice = torchvariant.choose(torch.version, recorded, target) if torch else None
+    template = options.torch_index or env.get(TORCH_INDEX_ENV) or (
+        lock.torch_index_template() or pkgindex.DEFAULT_TORCH_INDEX)
+    python = ".".join((lock.python.get("version", "") or _here_python()).split(".")[:2])
+    # a release after the table's end is confirmed in the wheelhouse or the index, never assumed
+    choice = torchvariant.choose(torch.version, recorded, target, wheelprobe.for_release(
+        torch.version, template, python, options.wheelhouse)) if torch else None
     changed = bool(choice and choice.variant != recorded)
     requirements, skipped, editable = [], [], []
     here = lockfiles.node_environment(lock.python.get("version", "") or _here_python(),
@@ -281,8 +286,6 @@ def _requirements(lock: Lockfile, target: torchvariant.Target, options: Options,
             requirements.append(package.requirement())
     torch_plan = None
     if torch and choice:
-        template = options.torch_index or env.get(TORCH_INDEX_ENV) or (
-            lock.torch_index_template() or pkgindex.DEFAULT_TORCH_INDEX)
         needs_index = changed or "+" in torch.version
         torch_plan = {"recorded": recorded, "variant": choice.variant, "reason": choice.reason,
                       "index": torchvariant.index_url(choice.variant, template)

@@ -13,7 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from burst.env import torchvariant, wheelprobe
+from burst.env import install, torchvariant, wheelprobe
+from burst.env.lockfile import Lockfile, Package
 from burst.env.torchvariant import Target
 from burst.errors import ConfigError
 
@@ -118,3 +119,13 @@ def test_install_planning_probes_only_releases_after_the_table(index, tmp_path):
     probe = wheelprobe.for_release(f"{LATER}+cpu", index, "3.10", tmp_path)
     driver13 = Target("cuda", "NVIDIA H100", (9, 0), (13, 0))
     assert torchvariant.choose(f"{LATER}+cpu", "cpu", driver13, probe).variant == "cu130"
+
+
+def test_a_node_install_of_a_later_release_takes_the_build_its_index_has(index):
+    lock = Lockfile(packages=[Package("torch", f"{LATER}+cpu")], python={"version": "3.10.12"},
+                    torch={"version": f"{LATER}+cpu", "variant": "cpu"})
+    driver13 = Target("cuda", "NVIDIA H100", (9, 0), (13, 0))
+    plan = install.make_plan(lock, driver13, install.Options(
+        venv=None, installer="pip", torch_index=index), {})
+    assert plan.torch["variant"] == "cu126"  # the table would guess cu130; the index has cu126
+    assert plan.requirements == [f"torch=={LATER}+cu126"]
