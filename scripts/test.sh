@@ -10,6 +10,13 @@ if ! command -v sshd >/dev/null 2>&1 && [ ! -x /usr/sbin/sshd ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null && apt-get install -y -qq openssh-server >/dev/null
 fi
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  echo "installing prometheus for the metrics tests" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null && apt-get install -y -qq prometheus >/dev/null
+  # the package starts a service on :9090; the tests start their own on free ports
+  service prometheus stop >/dev/null 2>&1 || true
+fi
 .venv/bin/ruff check burst tests scripts
 # burst runs on Python 3.10 too (a cloud node's Ubuntu 22.04): no newer stdlib in the package
 .venv/bin/vermin --quiet --no-tips --violations --eval-annotations --target=3.10- burst scripts

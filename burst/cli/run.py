@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
+from collections.abc import Iterator
 
 import click
 
@@ -12,6 +14,15 @@ from burst.cli.options import check_target, json_option, local_option, store_opt
 from burst.errors import ConfigError
 from burst.store import is_local, open_store
 from burst.supervise.agent import Agent, Outcome, Policy
+from burst.supervise.coordinator import (
+    Coordinator,
+    Share,
+    machine_capacity,
+    parse_priority,
+    parse_size,
+    poll_seconds,
+)
+from burst.supervise.exporter import Exporter
 from burst.supervise.faults import parse as parse_faults
 from burst.supervise.gpuwatch import GpuWatch
 
@@ -40,6 +51,13 @@ def supervision_options(fn):
                      show_default=True, help="Memory alert threshold (fraction of the card)."),
         click.option("--memory-sustain", type=click.FloatRange(min=0), default=300.0,
                      show_default=True, help="Seconds above the threshold before alerting."),
+        click.option("--gpu-memory-quota", default=None, metavar="SIZE",
+                     help="Cap the child's GPU memory (e.g. 40GiB) and share the machine "
+                          "with other burst runs: see --priority and burst status --machine."),
+        click.option("--priority", type=click.Choice(["high", "normal", "low"]),
+                     default="normal", show_default=True,
+                     help="With --gpu-memory-quota: lower-priority runs pause (snapshot, "
+                          "wait, resume exactly) when a higher one needs their memory."),
         click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED),
     )):
         fn = option(fn)
@@ -71,19 +89,58 @@ def build_agent(options: dict, fault: str | None = None, json_output: bool = Fal
                  launcher=launcher,
                  env={"BURST_LOCAL": options["local_url"]},
                  say=lambda msg: click.echo(f"burst: {msg}", err=True),
-                 child_stdout=sys.stderr if json_output else None)
+                 child_stdout=sys.stderr if json_output else None,
+                 share=machine_share(options))
+
+
+def machine_share(options: dict) -> Share | None:
+    """The claim on this machine's GPU memory asked for, if any."""
+    if not options.get("gpu_memory_quota"):
+        if options.get("priority", "normal") != "normal":
+            raise ConfigError("--priority needs --gpu-memory-quota")
+        return None
+    return Share(Coordinator(capacity=machine_capacity()),
+                 parse_size(options["gpu_memory_quota"]), parse_priority(options["priority"]),
+                 poll=poll_seconds())
 
 
 @click.command("run", context_settings={"ignore_unknown_options": True})
+@click.option("--metrics-port", type=click.IntRange(1, 65535), default=None,
+              help="Export Prometheus metrics (GPU, step time, loss, batch, snapshots, "
+                   "failures) on this port while the run is supervised.")
+@click.option("--metrics-addr", default="127.0.0.1", show_default=True,
+              help="Address the metrics server binds to.")
 @supervision_options
-def run_command(**options: object) -> None:
+def run_command(metrics_port: int | None, metrics_addr: str, **options: object) -> None:
     """Supervise a training command: burst run --run-id R -- python train.py ...
 
     The child's OOM, GPU failure, SIGTERM/SIGINT or crash is classified from its exit
     status and handled by the policies below.
     """
-    outcome = build_agent(options).run()
+    agent = build_agent(options)
+    with exporting(agent, metrics_port, metrics_addr):
+        outcome = agent.run()
     _finish(outcome)
+
+
+@contextlib.contextmanager
+def exporting(agent: Agent, port: int | None, addr: str) -> Iterator[None]:
+    """Serve the run's metrics while ``agent`` runs (no port: none); the child learns
+    where to publish its figures."""
+    if port is None:
+        yield
+        return
+    try:
+        exporter = Exporter(agent.run_id, port, addr, watch=agent.watch, agent=agent)
+    except OSError as exc:
+        raise ConfigError(f"cannot serve metrics on {addr}:{port}: {exc.strerror or exc}"
+                          ) from None
+    agent.env.update(exporter.env)
+    click.echo(f"burst: metrics on http://{addr}:{port}/metrics", err=True)
+    try:
+        yield
+    finally:
+        exporter.close()
 
 
 @click.command("drill", context_settings={"ignore_unknown_options": True})

@@ -13,8 +13,9 @@ from burst.cli.console import make_console
 from burst.cli.options import json_option, local_option, store_option
 from burst.errors import BurstError
 from burst.resume.status import intervals_line, run_status
-from burst.snapshot.catalog import list_runs
+from burst.snapshot.catalog import human_bytes, list_runs
 from burst.store import is_local, open_store
+from burst.supervise.coordinator import Claim, Coordinator
 
 
 @click.command("status")
@@ -27,15 +28,24 @@ from burst.store import is_local, open_store
 @click.option("--interval", type=click.FloatRange(min=0.1), default=5.0, show_default=True,
               help="Seconds between --watch updates.")
 @click.option("--once", is_flag=True, help="Print one --watch update and exit.")
+@click.option("--machine", is_flag=True, help="This machine's runs that share its GPU "
+              "memory (burst run --gpu-memory-quota): quotas, priorities, who is paused.")
 def status_command(run_id: str | None, store_url: str, local_url: str, as_json: bool,
-                   watch: bool, interval: float, once: bool) -> None:
+                   watch: bool, interval: float, once: bool, machine: bool) -> None:
     """Where RUN_ID is (local, a cluster, a host), its last snapshot and age, pending
-    uploads, the last failure and the plan in force. Without RUN_ID: the store's runs."""
+    uploads, the last failure and the plan in force. Without RUN_ID: the store's runs,
+    and this machine's runs under quotas (only those with --machine)."""
+    if machine:
+        _print_machine(Coordinator().claims(), as_json)
+        return
     store = open_store(store_url)
     if run_id is None:
         if watch or once:
             raise click.UsageError("--watch needs a RUN_ID (or $BURST_RUN_ID)")
         _print_runs(store.url, list_runs(store), as_json)
+        claims = [] if as_json else Coordinator().claims()
+        if claims:
+            _print_machine(claims, as_json)
         return
     local = None
     if not is_local(store):
@@ -69,6 +79,23 @@ def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
     for run in runs:
         table.add_row(escape(run["run"]), str(run["snapshots"]), str(run["newest_step"]),
                       str(run["time"]), str(run["reason"]))
+    make_console().print(table)
+
+
+def _print_machine(claims: list[Claim], as_json: bool) -> None:
+    if as_json:
+        click.echo(json.dumps([c.as_dict() for c in claims], indent=1))
+        return
+    from rich.markup import escape
+    from rich.table import Table
+
+    table = Table(title="runs sharing this machine's GPU memory")
+    for column in ("run", "agent pid", "quota", "priority", "state"):
+        table.add_column(column)
+    for claim in claims:
+        state = "pausing" if claim.pause_requested else claim.state
+        table.add_row(escape(claim.run_id), str(claim.pid), human_bytes(claim.quota),
+                      claim.priority_name, state)
     make_console().print(table)
 
 

@@ -18,6 +18,12 @@ Each start, exit (with the rank whose record decided it), decision and restart i
 in the run's history. The agent's own exit code is burst's code for what happened (86 for an
 OOM it could not shrink away, even when torchrun said 1), so a supervisor above it, such as
 SkyPilot's ``recover_on_exit_codes``, can act on it.
+
+With a share of the machine's GPU memory (``--gpu-memory-quota``, ``--priority``) the agent
+holds a claim in the machine's registry (``burst.supervise.coordinator``): it starts the
+child only when the quota fits, and when a higher-priority run needs the memory it SIGTERMs
+the child (a snapshot at the next step boundary, exit 88), waits, and starts it again to
+resume exactly; a pause is neither a failure nor a retry.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from burst.errors import ConfigError
 from burst.snapshot import reader as snapshot
 from burst.store.base import Store
 from burst.supervise import verdict as verdicts
+from burst.supervise.coordinator import QUOTA_ENV, PauseWatch, Share
 from burst.supervise.gpuwatch import GpuWatch
 from burst.training import failure
 
@@ -77,6 +84,7 @@ class Attempt:
     seconds: float
     code: int = 0  # burst's code for ``kind`` (the decisive record's), else ``returncode``
     rank: int | None = None  # the rank whose failure record decided, None: the exit status
+    paused: bool = False  # stopped at a boundary for a higher-priority run (coordinator)
 
 
 @dataclass
@@ -100,7 +108,7 @@ class Agent:
                  policy: Policy | None = None, env: dict[str, str] | None = None,
                  watch: GpuWatch | None = None, launcher: Launcher | None = None,
                  fault: str | None = None, say: Callable[[str], None] = print,
-                 child_stdout: TextIO | None = None) -> None:
+                 child_stdout: TextIO | None = None, share: Share | None = None) -> None:
         if not command:
             raise ConfigError("give the training command after --, e.g. burst run -- python train.py")
         self.command, self.run_id, self.store = command, run_id, store
@@ -112,17 +120,24 @@ class Agent:
         self.child_stdout = child_stdout  # e.g. stderr, when our stdout is for JSON
         self.micro_batch: int | None = _int_or_none(self.env.get("BURST_MICRO_BATCH"))
         self.accumulation: int | None = None  # set with a smaller micro-batch
+        self.share = share  # a claim on this machine's GPU memory (burst.supervise.coordinator)
+        self.attempts: list[Attempt] = []  # ended so far, live (the metrics exporter reads it)
+        self.starts = 0  # children started, the one running included
 
     def run(self) -> Outcome:
-        outcome = Outcome(returncode=0)
+        outcome = Outcome(returncode=0, attempts=self.attempts)
         retries = 0
         if self.watch is not None:
             self.watch.start()
         try:
+            self._claim()
             while True:
                 attempt = self._attempt(len(outcome.attempts) + 1)
                 outcome.attempts.append(attempt)
                 outcome.returncode = attempt.code
+                if attempt.paused:  # neither a failure nor a retry: wait for the memory
+                    self._pause()
+                    continue
                 if attempt.kind in ("ok", "signal", "error", "fenced"):
                     outcome.decision, outcome.message = _final(attempt)
                     return outcome
@@ -142,8 +157,31 @@ class Agent:
                     outcome.returncode = handed_code
                 return outcome
         finally:
+            if self.share is not None:
+                self.share.coordinator.release(self.run_id)
             if self.watch is not None:
                 self.watch.stop()
+
+    def _claim(self) -> None:
+        """Register this run's quota and wait until the machine has room for it."""
+        if self.share is None:
+            return
+        share = self.share
+        share.coordinator.register(self.run_id, share.quota, share.priority)
+        if not share.coordinator.acquire(self.run_id):
+            self._record("memory-wait", quota=share.quota, priority=share.priority)
+            waited = share.coordinator.wait(self.run_id, share.poll)
+            self.say(f"memory free after {waited:.1f}s of waiting")
+
+    def _pause(self) -> None:
+        """The child stopped at a boundary with a snapshot so that a higher-priority run
+        gets its memory: wait until there is room again, then start it (it resumes)."""
+        assert self.share is not None
+        self.share.coordinator.paused(self.run_id)
+        self._record("paused", reason="a higher-priority run needs the memory",
+                     quota=self.share.quota, priority=self.share.priority)
+        waited = self.share.coordinator.wait(self.run_id, self.share.poll)
+        self._record("unpaused", waited_seconds=round(waited, 3))
 
     def _attempt(self, number: int) -> Attempt:
         env = {**os.environ, **self.env, "BURST_RUN_ID": self.run_id,
@@ -152,6 +190,8 @@ class Agent:
             env["BURST_MICRO_BATCH"] = str(self.micro_batch)
         if self.accumulation is not None:  # a node's plan says it too, and Run checks it
             env["BURST_ACCUMULATION"] = str(self.accumulation)
+        if self.share is not None:  # the child caps its allocator (burst.training.quota)
+            env[QUOTA_ENV] = str(self.share.quota)
         if self.fault:  # a drill's fault hits the first attempt, not the recovery
             if number == 1:
                 env["BURST_FAULT"] = self.fault
@@ -160,17 +200,35 @@ class Agent:
         self._record("child-start", attempt=number, command=shlex.join(self.command),
                      micro_batch=self.micro_batch)
         started = time.monotonic()
+        self.starts += 1
         with verdicts.record_directory() as records:
             env[failure.RECORD_DIR_ENV] = str(records)
-            returncode = _run_child(self.command, env, self.child_stdout)
+            pause: list[PauseWatch | None] = []
+            returncode = _run_child(self.command, env, self.child_stdout,
+                                    started=lambda child: pause.append(self._watch_pause(child)))
+            watch = pause[0] if pause else None
+            if watch is not None:
+                watch.stop()
             verdict = verdicts.judge(returncode, verdicts.read(records))
         seconds = time.monotonic() - started
+        # asked to pause: stopped at a boundary (88), or by the SIGTERM itself if it came
+        # before the child's run installed its handler (nothing trained yet to lose)
+        paused = bool(watch is not None and watch.fired
+                      and (verdict.kind == "signal" or returncode == -signal.SIGTERM))
         self._record("child-exit", attempt=number, returncode=returncode, kind=verdict.kind,
                      code=verdict.code, decided_by=verdict.source, rank=verdict.rank,
                      records=[_brief(r) for r in verdict.records], seconds=round(seconds, 3))
         self.say(f"attempt {number}: {verdict.describe()}")
         return Attempt(number, self.micro_batch, returncode, verdict.kind, seconds,
-                       verdict.code, verdict.rank)
+                       verdict.code, verdict.rank, paused)
+
+    def _watch_pause(self, child: subprocess.Popen) -> PauseWatch | None:
+        """Asked to pause: SIGTERM means snapshot at the next step boundary and exit 88."""
+        if self.share is None:
+            return None
+        watch = PauseWatch(self.share, self.run_id, lambda: child.send_signal(signal.SIGTERM))
+        watch.start()
+        return watch
 
     def _decide(self, attempt: Attempt, action: str) -> str:
         if action != "retry-smaller":
@@ -236,12 +294,15 @@ def _final(attempt: Attempt) -> tuple[str, str]:
                      "not a GPU failure, so no retry")
 
 
-def _run_child(command: list[str], env: dict[str, str], stdout: TextIO | None) -> int:
+def _run_child(command: list[str], env: dict[str, str], stdout: TextIO | None,
+               started: Callable[[subprocess.Popen], object] | None = None) -> int:
     """Run the child in the foreground; forward SIGTERM/SIGINT so it can snapshot."""
     try:
         child = subprocess.Popen(command, env=env, stdout=stdout)
     except OSError as exc:
         raise ConfigError(f"cannot start {command[0]!r}: {exc.strerror}") from None
+    if started is not None:
+        started(child)
     forwarded = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
 
     def forward(signum: int, _frame: object) -> None:

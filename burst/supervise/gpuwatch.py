@@ -114,7 +114,8 @@ class Nvml:
                 event = self.nvml.nvmlEventSetWait(self.events, 0)
             except self.nvml.NVMLError:
                 break
-            found.append({"xid": int(event.eventData), "event_type": int(event.eventType)})
+            found.append({"xid": int(event.eventData), "event_type": int(event.eventType),
+                          "gpu": _optional(lambda e=event: self.nvml.nvmlDeviceGetIndex(e.device))})
         return found
 
     def close(self) -> None:
@@ -140,6 +141,8 @@ class GpuWatch:
         self.alerts: dict[int, MemoryAlert] = {}  # one per GPU: excursions are per card
         self.reader_factory = reader
         self.peak_bytes: dict[int, int] = {}
+        self.latest: list[GpuSample] = []  # the newest reading (the metrics exporter's)
+        self.xid_counts: dict[int | None, int] = {}  # per GPU index (None: not known)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.available = False
@@ -170,8 +173,10 @@ class GpuWatch:
             alert = rule.feed(sample, now)
             if alert:
                 self.record("memory-alert", **alert)
+        self.latest = samples
         self.record("gpu-sample", gpus=[asdict(s) for s in samples])
         for xid in self._nvml.xid_events():
+            self.xid_counts[xid.get("gpu")] = self.xid_counts.get(xid.get("gpu"), 0) + 1
             self.record("xid", **xid)
 
     def stop(self) -> None:

@@ -55,10 +55,11 @@ from burst.state import rng
 from burst.store import Store, default_local_url, is_local, open_store
 from burst.store.base import SHARED_PREFIXES, check_key
 from burst.supervise import faults, preemption
-from burst.training import adaptive, failure, fencing
+from burst.training import adaptive, checkpointing, failure, fencing, memory_control
+from burst.training import quota as memory_quota
 from burst.training.amp import AMP_DTYPES, parse_amp
 from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
-from burst.training.metrics import MetricBuffer
+from burst.training.metrics import LiveFigures, MetricBuffer
 from burst.training.sampler import ResumableSampler, derive_seed
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
@@ -131,6 +132,15 @@ class Run:
     ``shadow_every``, ``persist_every`` or ``persist_seconds`` given are used as given
     (``persist_every`` alone: no timed persists; ``persist_seconds=None``: none at all).
     ``intervals()`` says what is in force; each snapshot's meta records it.
+
+    Memory (``burst.training.memory_control``, one process only): after each step
+    ``memory_reader`` (default: the CUDA allocator's peak; nothing on CPU) reads the card;
+    past ``memory_target`` (85%; None: off) or after ``memory_alert()`` the next step runs a
+    smaller micro-batch and more accumulation, and with lasting headroom grows back, never
+    past the planned one. ``run.steps`` splits the loader's batches (``batch_size`` stays
+    the planned micro-batch), so every step keeps its samples. ``memory_rules`` such as
+    ``"memory > 80%: amp=bf16"`` or ``"memory > 90%: activation_checkpointing=Block"``
+    apply once, at the first boundary past their threshold.
     """
 
     def __init__(
@@ -152,6 +162,9 @@ class Run:
         max_lost_seconds: float | None = None,
         overhead_budget: float = adaptive.DEFAULT_BUDGET,
         clock: Callable[[], float] = time.monotonic,
+        memory_target: float | None = memory_control.DEFAULT_TARGET,
+        memory_reader: memory_control.Reader | None = None,
+        memory_rules: tuple[str, ...] | list[str] = (),
     ) -> None:
         self.run_id = _run_id(run_id)
         # world_size=None: whatever torch.distributed runs (burst.parallel.init_from_env)
@@ -165,6 +178,7 @@ class Run:
         self.amp = parse_amp(os.environ.get(ENV_AMP, amp))
         _check_plan_env(self.accumulation, self.world_size)
         _apply_tf32(os.environ.get(ENV_TF32))
+        self.memory_quota = memory_quota.apply()  # burst run --gpu-memory-quota: cap CUDA
         # the stores last: every setting above is checked before any upload thread starts
         self.store = open_store(store)
         # this launch's generation, taken before any upload or restore (snapshot.lineage)
@@ -220,6 +234,11 @@ class Run:
         self._vote = StepVote(self._group)  # the ranks' per-step decision, without a stall
         self._asked: str | None = None  # a request voted on, served at the next boundary
         self._peak_memory: dict[str, int] = {}
+        self.planned_micro = self.micro_batch  # the loader's batch; never grown past
+        self._memory = self._memory_controller(memory_target, memory_rules)
+        self._memory_reader = memory_reader or memory_control.cuda_reader
+        self._rechunking = False  # run.steps() owns the micro-batches: it may re-plan them
+        self._live = LiveFigures(self.run_id)  # for the agent's exporter, if it asked
         self._metrics = MetricBuffer(lambda points: self.record_event(MetricBuffer.EVENT,
                                                                 points=points))
 
@@ -247,6 +266,8 @@ class Run:
         if optimizer is not None:
             optimizer.register_step_pre_hook(self._before_optimizer_step)
             optimizer.register_step_post_hook(self._on_optimizer_step)
+        if self.memory_quota is not None:
+            self.record_event("memory-quota", **self.memory_quota)
         self._guard.install()
         self._watcher = self._watcher or preemption.start(self, self.max_lost_seconds)
         # environment + code, in a thread (fork-safe: burst.env.spawn); snapshots wait boundedly
@@ -370,17 +391,18 @@ class Run:
         sampler.set_epoch(self.epoch, start=self.samples_in_epoch)
         usable = sampler.epoch_length()
         if loader.drop_last:
-            usable = usable // self.micro_batch * self.micro_batch
+            usable = usable // self.planned_micro * self.planned_micro
         self.steps_per_epoch = math.ceil(usable / self.global_batch)
         # DataLoader draws worker seeds from this generator, not from the global RNG, so
         # starting an iterator mid-epoch after a resume does not shift the training RNG.
         loader.generator = torch.Generator().manual_seed(derive_seed("loader", self.seed,
                                                                      self.epoch, bits=63))
         batches = iter(loader)
+        self._rechunking = True
         for samples, share in self._step_sizes(sampler.remaining(), loader.drop_last):
-            micro_batches = math.ceil(share / self.micro_batch)  # this rank's
+            micro_batches, source = self._micro_batches(share, batches)  # this rank's
             self.begin_step()
-            current = Step(self.step + 1, self.epoch, samples, micro_batches, batches,
+            current = Step(self.step + 1, self.epoch, samples, micro_batches, source,
                            self._injector, self.world_size)
             try:
                 yield current
@@ -399,9 +421,10 @@ class Run:
     def _check_loader(self, loader: DataLoader) -> ResumableSampler:
         if not isinstance(loader.sampler, ResumableSampler):
             raise ConfigError("run.steps() needs a DataLoader with sampler=burst.ResumableSampler")
-        if loader.batch_size != self.micro_batch:
+        if loader.batch_size != self.planned_micro:
             raise ConfigError(f"the DataLoader's batch_size is {loader.batch_size}, the run's "
-                              f"micro-batch {self.micro_batch}: use batch_size=run.micro_batch")
+                              f"micro-batch {self.planned_micro}: use batch_size=run.micro_batch "
+                              "(read before the first step)")
         if self.world_size > 1 and loader.drop_last:
             raise ConfigError("on several ranks use ResumableSampler(drop_last=True), not the "
                               "DataLoader's drop_last (it would drop per rank)")
@@ -458,7 +481,7 @@ class Run:
                     ) -> Iterator[tuple[int, int]]:
         """(samples on all ranks, this rank's share) of each step left in the epoch."""
         if loader_drops_last:
-            remaining = remaining // self.micro_batch * self.micro_batch
+            remaining = remaining // self.planned_micro * self.planned_micro
         partition.check_lockstep(remaining, self.global_batch, self.micro_batch,
                                  self.world_size)
         return partition.rank_steps(remaining, self.global_batch, self.rank, self.world_size)
@@ -469,6 +492,8 @@ class Run:
         self.samples_consumed += samples
         self.samples_in_epoch += samples
         self._record_memory()
+        self._control_memory()
+        self._publish_figures(samples)
         reason, self._requested = self._requested, None
         asked = self._guard.take_snapshot_request()  # request_snapshot, from another thread
         reason = reason or asked
@@ -610,6 +635,7 @@ class Run:
         if self._group.is_writer:  # inside a step's body the step is not yet counted
             step = self.step + 1 if self._in_step else self.step
             self._metrics.add(step, self.samples_consumed, values)
+            self._live.logged(values)
 
     def close(self) -> None:
         """Snapshot the final state and wait for it to be stored."""
@@ -681,6 +707,7 @@ class Run:
 
     def _on_commit(self, manifest: dict) -> None:
         self._metrics.flush()
+        self._live.committed(manifest)
         self.record_event("snapshot", step=manifest["step"], reason=manifest["reason"])
         if self._uploads is not None:
             self._uploads.submit(manifest["step"])
@@ -778,11 +805,78 @@ class Run:
         device = device_type or _device_of(self.components.model)
         return torch.autocast(device, dtype=AMP_DTYPES[self.amp])
 
+    def _publish_figures(self, samples: int) -> None:
+        """For ``burst run --metrics-port`` (rank 0; a no-op unless the agent asked)."""
+        if self._group.is_writer and self._live.enabled:
+            uploading = None if self._uploads is None else self._uploads.busy()
+            reserved = torch.cuda.memory_reserved() if torch.cuda.is_initialized() else None
+            self._live.step_done(self.step, samples, self.micro_batch, self.accumulation,
+                                 uploading, reserved)
+
+    def memory_alert(self) -> None:
+        """A memory alert fired (callable from any thread): the next step boundary
+        shrinks the micro-batch (when this run re-plans memory at all)."""
+        if self._memory is not None:
+            self._memory.alert()
+
+    def _memory_controller(self, target: float | None, rules: tuple[str, ...] | list[str]
+                           ) -> memory_control.Controller | None:
+        """The in-process re-plan, for one process only: ranks deciding apart would run
+        different numbers of micro-batches and hang in a collective."""
+        if target is None or self.world_size > 1:
+            return None
+        sizes = memory_control.candidates(self.global_batch, self.world_size, self.micro_batch)
+        return memory_control.Controller(self.micro_batch, sizes, target, rules=rules)
+
+    def _micro_batches(self, share: int, batches: Iterator[Any]) -> tuple[int, Iterator[Any]]:
+        """How many micro-batches this rank's ``share`` makes, and where they come from:
+        the loader's batches as they are, or each split into the re-planned size."""
+        if self.micro_batch == self.planned_micro:
+            return math.ceil(share / self.micro_batch), batches
+        count = memory_control.micro_count(share, self.planned_micro, self.micro_batch)
+        loader_batches = math.ceil(share / self.planned_micro)
+        return count, memory_control.rechunk(batches, loader_batches, self.micro_batch)
+
+    def _control_memory(self) -> None:
+        """At a step boundary: read the card, apply due rules, switch micro-batch."""
+        if self._memory is None or not self._rechunking:
+            return
+        reading = self._memory_reader()
+        for rule in self._memory.rules_due(reading):
+            self._apply_rule(rule, reading)
+        decision = self._memory.decide(self.micro_batch, reading)
+        if decision is None:
+            return
+        old_accumulation = self.accumulation
+        self.micro_batch = decision.new
+        self.accumulation = _accumulation(self.global_batch, self.micro_batch, self.world_size)
+        self.record_event(memory_control.EVENT, step=self.step, reason=decision.reason,
+                          old_micro=decision.old, new_micro=decision.new,
+                          old_accumulation=old_accumulation, new_accumulation=self.accumulation,
+                          **_reading_fields(reading), predicted_bytes=decision.predicted)
+
+    def _apply_rule(self, rule: memory_control.Rule,
+                    reading: memory_control.Reading | None) -> None:
+        if rule.key == "amp":
+            old, self.amp = self.amp, parse_amp(rule.value)
+            changed: dict[str, Any] = {"old": old, "new": self.amp}
+        else:
+            types = [t.strip() for t in rule.value.split(",") if t.strip()]
+            changed = {"modules": checkpointing.wrap(self.components.model, types)}
+        self.record_event(memory_control.RULE_EVENT, step=self.step, rule=rule.text,
+                          action=rule.key, **changed, **_reading_fields(reading))
+
     def _record_memory(self) -> None:
         if torch.cuda.is_initialized():  # cheap, every step (never initialises CUDA)
             key = str(self.micro_batch)
             peak = torch.cuda.max_memory_allocated()
             self._peak_memory[key] = max(self._peak_memory.get(key, 0), peak)
+
+
+def _reading_fields(reading: memory_control.Reading | None) -> dict[str, Any]:
+    if reading is None:
+        return {"peak_bytes": None, "total_bytes": None}
+    return {"peak_bytes": reading.peak, "total_bytes": reading.total}
 
 
 def _persist_seconds(value: float | str | None) -> float | str | None:
