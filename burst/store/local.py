@@ -80,30 +80,17 @@ class LocalStore:
         A download lands straight in a memory-mapped temporary file (no second copy of a
         multi-GB blob in RAM); only if ``fill`` returns does it get synced and renamed in.
         """
-        path = self._target(key)
-        _makedirs(path.parent)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            os.ftruncate(fd, size)
-            if size:
-                mapped = mmap.mmap(fd, size)
-                try:
-                    fill(memoryview(mapped))
-                    mapped.flush()
-                finally:
-                    _close_map(mapped)
-            os.fsync(fd)
-            os.close(fd)
-            fd = -1
-            killpoints.hit("local.filled.synced")
-            os.replace(tmp, path)
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
-        _fsync_dir(path.parent)
+        def through_a_map(fd: int) -> None:
+            if not size:
+                return
+            mapped = mmap.mmap(fd, size)
+            try:
+                fill(memoryview(mapped))
+                mapped.flush()
+            finally:
+                _close_map(mapped)
+
+        self.put_written(key, size, through_a_map)
 
     def put_written(self, key: str, size: int, fill: Callable[[int], None]) -> None:
         """Like :meth:`put_filled`, but ``fill`` gets the temporary file's descriptor, to
