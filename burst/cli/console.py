@@ -29,3 +29,12 @@ def make_console(stderr: bool = False) -> Console:
     if probe.is_terminal or os.environ.get("COLUMNS"):
         return probe
     return Console(stderr=stderr, width=UNBOUNDED, soft_wrap=True)
+
+
+def human_age(seconds: float | None) -> str:
+    """How long ago, as a person reads it in a table: ``12m 05s``, ``3h 07m``, ``?``."""
+    if seconds is None:
+        return "?"
+    minutes, secs = divmod(int(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s"

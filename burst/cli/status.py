@@ -9,7 +9,7 @@ import json
 
 import click
 
-from burst.cli.console import make_console
+from burst.cli.console import human_age, make_console
 from burst.cli.options import json_option, local_option, store_option
 from burst.errors import BurstError
 from burst.resume.status import intervals_line, run_status
@@ -115,7 +115,7 @@ def _print(status: dict) -> None:
         age = snap["age_seconds"]
         table.add_row("snapshot", escape(
             f"step {snap['step']} (epoch {snap['epoch']}, {snap['reason']}), "
-            f"{_age(age)} ago{'' if snap['in_store'] else ', local only'}"))
+            f"{human_age(age)} ago{'' if snap['in_store'] else ', local only'}"))
     else:
         table.add_row("snapshot", "none")
     if status.get("intervals"):
@@ -137,12 +137,6 @@ def _print(status: dict) -> None:
     make_console().print(table)
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s"
 
 
 COMMANDS = (status_command,)

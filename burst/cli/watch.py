@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from burst.cli.console import make_console
+from burst.cli.console import human_age, make_console
 from burst.errors import BurstError
 from burst.snapshot.catalog import human_bytes
 
@@ -115,7 +115,7 @@ def _snapshot(snap: dict[str, Any] | None) -> str:
         return "none yet"
     age = snap.get("age_seconds")
     where = "in the store" if snap.get("in_store") else "local only"
-    return f"step {snap.get('step')} ({snap.get('reason')}), {_age(age)} ago, {where}"
+    return f"step {snap.get('step')} ({snap.get('reason')}), {human_age(age)} ago, {where}"
 
 
 def _memory(memory: dict[str, Any] | None) -> str:
@@ -132,12 +132,6 @@ def _event(event: dict[str, Any]) -> str:
     return f"{event.get('time')} {event.get('event')}" + (f" {extra}" if extra else "")
 
 
-def _age(seconds: float | None) -> str:
-    if seconds is None:
-        return "?"
-    minutes, secs = divmod(int(seconds), 60)
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h {minutes:02d}m" if hours else f"{minutes}m {secs:02d}s"
 
 
 def _text(value: Any) -> str:
