@@ -13,10 +13,11 @@ So a snapshot from 2 FSDP ranks restores into 1 plain process, 4 FSDP ranks, or 
 and a single-process snapshot restores into FSDP: the layout of the shards is chosen
 by the restoring run, not recorded in the snapshot.
 
-Cost: a snapshot gathers the full state into rank 0's host memory (``cpu_offload``), and
-a restore has every rank read the full state before keeping its shard. That bounds the
-model to what one host's RAM holds; writing each rank's shard separately is the way past
-that limit and is not done yet.
+Restoring, each rank reads only its own box of every sharded tensor
+(:mod:`burst.parallel.reshard`); :func:`check` and :func:`sharded_counterparts` say, from
+shapes alone, whether the snapshot fits and which saved tensors are cut like which live
+DTensor, and :func:`load` hands the DTensors to DCP (``full_state_dict=False``).
+:func:`full_state` (gathering everything to rank 0) is the capture side of format 1.
 """
 
 from __future__ import annotations
@@ -107,7 +108,8 @@ def clean_name(name: str) -> str:
 def check(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
           saved_model: dict | None, saved_optim: dict | None) -> None:
     """Refuse a snapshot that does not fit, before anything is changed (no collective:
-    a DTensor's shape is the full one)."""
+    a DTensor's shape is the full one). Saved values need only a ``shape``: tensors, or
+    stand-ins checked before a byte is read."""
     if saved_model is None:
         raise SnapshotError("the snapshot holds no model state")
     live = {clean_name(k): tuple(v.shape) for k, v in model.state_dict().items()}
@@ -115,23 +117,107 @@ def check(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
         where = "lacks" if name in live else "has, the model does not,"
         raise SnapshotError(f"the snapshot {where} model tensor {name!r}")
     for name, shape in live.items():
-        stored = saved_model[name]
-        if not isinstance(stored, torch.Tensor) or tuple(stored.shape) != shape:
-            raise SnapshotError(f"model tensor {name!r} does not match the snapshot's")
+        stored = _shape(saved_model[name])
+        if stored != shape:
+            raise SnapshotError(f"model tensor {name!r} is {stored} in the snapshot, "
+                                f"{shape} in the model")
     if optimizer is not None and saved_optim is not None:
-        count = sum(len(g["params"]) for g in optimizer.param_groups)
-        saved = sum(len(g.get("params", [])) for g in saved_optim.get("param_groups", []))
-        if len(saved_optim.get("param_groups", [])) != len(optimizer.param_groups) or saved != count:
-            raise SnapshotError(f"the snapshot's optimizer holds {saved} parameters, "
-                                f"this one {count}")
+        _check_optimizer(optimizer, saved_optim)
+
+
+def _shape(value: Any) -> tuple[int, ...] | None:
+    shape = getattr(value, "shape", None)
+    return tuple(shape) if shape is not None else None
+
+
+def _check_optimizer(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    params = _params(optimizer)
+    count = sum(len(g.get("params", [])) for g in saved.get("param_groups", []))
+    if len(saved.get("param_groups", [])) != len(optimizer.param_groups) or count != len(params):
+        raise SnapshotError(f"the snapshot's optimizer holds {count} parameters, "
+                            f"this one {len(params)}")
+    for index, values in saved.get("state", {}).items():
+        if not isinstance(index, int) or not 0 <= index < len(params) or not isinstance(
+                values, dict):
+            raise SnapshotError(f"the snapshot's optimizer has state for parameter {index!r}, "
+                                f"this one has {len(params)} parameters")
+        for key, value in values.items():
+            shape = _shape(value)
+            if shape and shape != tuple(params[index].shape):
+                raise SnapshotError(f"optimizer state {key!r} of parameter {index} is {shape}, "
+                                    f"the parameter {tuple(params[index].shape)}")
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The optimizer's parameters in index order (as ``state_dict()`` numbers them)."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
+
+
+def sharded_counterparts(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                         saved_model: dict, saved_optim: dict | None) -> list[tuple[Any, DTensor]]:
+    """Each saved model or optimizer value (after :func:`check`) that is to be cut like a
+    live DTensor, with that DTensor: model tensors whose live tensor is one, and optimizer
+    state with the global shape of a DTensor parameter (a step counter is not cut)."""
+    live = {clean_name(k): v for k, v in model.state_dict().items()}
+    pairs = [(value, live[name]) for name, value in saved_model.items()
+             if isinstance(live[name], DTensor)]
+    if optimizer is None or saved_optim is None:
+        return pairs
+    params = _params(optimizer)
+    for index, values in saved_optim.get("state", {}).items():
+        param = params[index]
+        if isinstance(param, DTensor):
+            pairs += [(value, param) for value in values.values()
+                      if _shape(value) == tuple(param.shape)]
+    return pairs
+
+
+def local_box(live: DTensor) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The (offsets, sizes) of this rank's part of ``live`` in the global tensor."""
+    local = tuple(live.to_local().shape)
+    if 0 in local:  # an empty shard (more ranks than rows)
+        return (0,) * len(local), local
+    chunks = live.__create_chunk_list__()
+    if len(chunks) != 1 or tuple(chunks[0].sizes) != local:
+        raise SnapshotError(f"a DTensor laid out as {live.placements} is not one box per "
+                            "rank: burst restores FSDP2 and row/column sharding only")
+    return tuple(chunks[0].offsets), local
+
+
+def like(region: torch.Tensor, live: DTensor) -> DTensor:
+    """``region`` (this rank's box of a tensor) as a DTensor placed like ``live``."""
+    return DTensor.from_local(region, live.device_mesh, live.placements, shape=live.shape,
+                              stride=live.stride(), run_check=False)
 
 
 def load(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
          saved_model: dict, saved_optim: dict | None) -> None:
-    """Cut the full state into the live model's shards (each rank keeps its own)."""
-    options = StateDictOptions(full_state_dict=True, strict=True)
+    """Put a checked state into the live model and optimizer. A state whose sharded
+    tensors are this rank's DTensors (:mod:`burst.parallel.reshard`) is loaded as is;
+    one of full tensors is cut into the live shards (each rank keeps its own)."""
+    full = not any(isinstance(v, DTensor) for v in saved_model.values())
+    if not full:
+        _load_shards(model, optimizer, saved_model, saved_optim)
+        return
+    options = StateDictOptions(full_state_dict=full, strict=True)
     if optimizer is None or saved_optim is None:
         set_model_state_dict(model, saved_model, options=options)
         return
     set_state_dict(model, optimizer, model_state_dict=saved_model,
                    optim_state_dict=by_name(saved_optim, model, optimizer), options=options)
+
+
+def _load_shards(model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
+                 saved_model: dict, saved_optim: dict | None) -> None:
+    """Load this rank's DTensor shards with the modules' and optimizer's own
+    ``load_state_dict``, each DTensor copied into the live one placed alike.
+
+    DCP's ``set_state_dict`` would first run a zero-gradient optimizer step over the whole
+    model to create the state it then overwrites (a third of a 4 -> 2 restore's time in
+    ``scripts/bench_sharded.py``); a plain optimizer loads state keyed by parameter
+    index, which is how a snapshot keys it, without one."""
+    names = {clean_name(k): k for k in model.state_dict()}
+    model.load_state_dict({names[name]: value for name, value in saved_model.items()},
+                          strict=True)
+    if optimizer is not None and saved_optim is not None:
+        optimizer.load_state_dict(saved_optim)

@@ -1,18 +1,17 @@
 """Capture and restore for a run on any number of ranks (the run calls these, not
 :mod:`burst.state` directly).
 
-One process: exactly :mod:`burst.state`. Several ranks:
-
-- **DDP** (replicated state): rank 0 captures the model (unwrapped, so the keys match a
-  single-process snapshot), optimizer, scheduler and scaler; every rank contributes only
-  its random generators (:mod:`burst.rank_rng`).
-- **Sharded** (FSDP2, DTensor): every rank takes part in gathering the full model and
-  optimizer state to rank 0 (:mod:`burst.dcp`); the rest is as under DDP.
+One process: exactly :mod:`burst.state`, a whole snapshot (format 1). Several ranks
+(DDP or FSDP2): a sharded snapshot (format 2), every rank writing its own piece
+(:mod:`burst.parallel.pieces`, :mod:`burst.snapshot.parts`): a DTensor's local shard, its
+share of the replicated tensors, and on rank 0 the rest (scheduler, scaler, every rank's
+random generators). Nothing is gathered to one rank.
 
 Every rank calls :func:`capture` at the same step boundary (the run agrees on it first),
-so the gathered state is one consistent step. Only rank 0 gets a state to write.
-On restore each rank reads the same snapshot (rank 0 chose the step) and takes its own
-generators; a sharded model cuts the full tensors into its own shards.
+so the pieces are one consistent step.
+On restore each rank reads the same snapshot (rank 0 chose the step) with :func:`load`
+and takes its own generators; a sharded model reads only its own shards of each tensor
+(:mod:`burst.parallel.reshard`).
 """
 
 from __future__ import annotations
@@ -22,10 +21,9 @@ from collections.abc import Callable
 import torch
 
 from burst.parallel.group import Group
-from burst.snapshot import reader as snapshot
-from burst.snapshot import sync
+from burst.snapshot.parts import Box
 from burst.state import capture as state_mod
-from burst.state import rank_rng, rng, tree
+from burst.state import rank_rng, tree
 from burst.store.base import Store
 
 
@@ -39,28 +37,28 @@ def sharded(components: state_mod.Components) -> bool:
 
 
 def capture(components: state_mod.Components, extra: dict, group: Group
-            ) -> tuple[dict, dict[str, torch.Tensor]] | None:
-    """The state to write as (JSON tree, tensors) on rank 0; None on the other ranks."""
-    if not group.collective and not sharded(components):
-        return state_mod.capture(components, extra)
-    rng_states = group.gather_json(rank_rng.to_json(rng.capture()))
-    full_model = full_optim = None
-    is_sharded = sharded(components)
-    if is_sharded:
-        from burst.parallel import sharded as dcp
+            ) -> tuple[dict, dict[str, torch.Tensor], dict[str, Box] | None]:
+    """The state this rank writes: (JSON tree, tensors, boxes).
 
-        full_model, full_optim = dcp.full_state(components.model, components.optimizer)
-    if not group.is_writer or rng_states is None:
-        return None
-    local = components if not is_sharded else state_mod.Components(
-        None, None, components.scheduler, components.scaler)
+    On several ranks every rank writes its own piece of a sharded snapshot
+    (:func:`burst.parallel.pieces.capture_rank`: a collective; ``boxes`` says where each
+    tensor lies in its global one). One process writes a whole snapshot (``boxes`` None);
+    a sharded model on a world of one is gathered into it."""
+    if group.collective:
+        from burst.parallel import pieces
+
+        return pieces.capture_rank(components, extra, group)
+    if not sharded(components):
+        state_tree, tensors = state_mod.capture(components, extra)
+        return state_tree, tensors, None
+    from burst.parallel import sharded as dcp
+
+    full_model, full_optim = dcp.full_state(components.model, components.optimizer)
+    local = state_mod.Components(None, None, components.scheduler, components.scaler)
     state_tree, tensors = state_mod.capture(local, extra)
-    if is_sharded:
-        state_tree["model"] = tree.encode(full_model, "state/model", tensors)
-        state_tree["optimizer"] = tree.encode(full_optim, "state/optimizer", tensors)
-    ranks = [rng.storable(rank_rng.from_json(s)) for s in rng_states]  # keys as blobs
-    state_tree["rng_ranks"] = tree.encode(ranks, "state/rng_ranks", tensors)
-    return state_tree, tensors
+    state_tree["model"] = tree.encode(full_model, "state/model", tensors)
+    state_tree["optimizer"] = tree.encode(full_optim, "state/optimizer", tensors)
+    return state_tree, tensors, None
 
 
 def newest_manifest(group: Group, newest: Callable[[], dict | None],
@@ -76,20 +74,21 @@ def newest_manifest(group: Group, newest: Callable[[], dict | None],
     return at_step(step)
 
 
-def manifest_at(local: Store, remote: Store, run_id: str, step: int) -> dict:
-    """Snapshot ``step`` from the local tier, pulled from ``remote`` first if this node
-    lacks it (another node's rank 0 chose it). Pulls are safe to run side by side: blobs
-    are content-addressed and every write lands by an atomic rename."""
-    if remote is not local and step not in snapshot.list_steps(local, run_id):
-        sync.pull(remote, local, run_id, step=step)
-    manifest = snapshot.read_manifest(local, run_id, step)
-    assert manifest is not None  # read_manifest raises for a missing step
-    return manifest
+def load(store: Store, manifest: dict, components: state_mod.Components, group: Group, *,
+         verified: bool = False) -> dict:
+    """This rank's decoded state of ``manifest`` for :func:`restore`, reading only what it
+    needs (:func:`burst.parallel.reshard.load_rank_state`). ``verified``: this process has
+    just checked the blobs' hashes in ``store``."""
+    from burst.parallel import reshard
+
+    return reshard.load_rank_state(store, manifest, components, group, verified=verified)
 
 
 def restore(components: state_mod.Components, saved: dict, group: Group, *, saved_amp: str | None,
             amp: str | None, seed: int, step: int, saved_world_size: int) -> list[str]:
-    """Check, then apply a decoded snapshot on this rank; return notes on what changed."""
+    """Check, then apply a decoded snapshot (:func:`load`) on this rank; return notes on
+    what changed. A sharded model takes this rank's DTensor shards as they are, or cuts
+    full tensors (a state decoded whole) into its shards."""
     state = dict(saved)
     state["rng"], derived_seed = rank_rng.for_rank(saved, group.rank, seed, step)
     is_sharded = sharded(components)

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from burst.errors import SnapshotError
+from burst.snapshot.format import entry_nbytes
 
 MODEL_PREFIX = "state/model/"
 OPTIMIZER_PREFIX = "state/optimizer/state/"
@@ -49,7 +50,8 @@ class Static:
 
 
 def static_bytes(tensors: Mapping[str, Mapping[str, Any]]) -> Static:
-    """The static part from a manifest's tensor index (name -> dtype, nbytes).
+    """The static part from a manifest's tensor index (name -> dtype, bytes of the whole
+    logical tensor, sharded or not: the plan is per model, then divided per rank).
 
     Gradients are as large as the parameters the optimizer updates; the optimizer state
     names those (one entry per parameter index, its largest tensor param-shaped). Without
@@ -60,7 +62,7 @@ def static_bytes(tensors: Mapping[str, Mapping[str, Any]]) -> Static:
     trainable_guess = 0
     per_param: dict[str, int] = {}
     for name, entry in tensors.items():
-        nbytes, dtype = int(entry["nbytes"]), str(entry["dtype"])
+        nbytes, dtype = entry_nbytes(entry), str(entry["dtype"])
         if name.startswith(MODEL_PREFIX):
             params += nbytes
             float32 += nbytes if dtype == "float32" else 0
@@ -85,19 +87,28 @@ class MemoryModel:
     points: tuple[tuple[int, int], ...] = ()  # (micro-batch, recorded peak bytes)
     amp: str | None = None  # precision the peaks were recorded in
     world_size: int = 1  # world size they were recorded at
+    sharded: bool = False  # FSDP: weights, gradients and optimizer state split over ranks
 
     @property
     def needs_probe(self) -> bool:
         return self.slope is None
 
     def fixed(self, amp: str | None, world_size: int) -> int:
-        """The bytes a run in ``amp`` over ``world_size`` GPUs needs at micro-batch 0."""
-        extra = 0
-        if world_size > 1 and self.world_size == 1:
+        """The bytes a run in ``amp`` over ``world_size`` GPUs needs at micro-batch 0.
+
+        A sharded model (FSDP) holds ``1/world_size`` of its weights, gradients and
+        optimizer state per GPU: the recorded intercept held ``1/self.world_size`` of
+        them, so moving to another world size moves that share, and no rank has DDP's
+        full gradient buckets."""
+        extra = 0.0
+        if self.sharded:
+            extra += self.static.total * (1 / world_size - 1 / self.world_size)
+        elif world_size > 1 and self.world_size == 1:
             extra += self.static.grads  # DDP's gradient buckets
         if amp is not None and self.amp is None:
-            extra += self.static.float32_params // 2  # autocast's 16-bit weight copies
-        return math.ceil(self.intercept) + extra
+            share = world_size if self.sharded else 1
+            extra += self.static.float32_params // 2 / share  # autocast's 16-bit copies
+        return math.ceil(self.intercept + extra)
 
     def per_sample(self, amp: str | None) -> float | None:
         if self.slope is None:
@@ -132,19 +143,26 @@ def fit_line(points: list[tuple[int, int]]) -> tuple[float, float]:
 
 
 def fit(static: Static, peaks: Mapping[int, int], amp: str | None = None,
-        world_size: int = 1) -> MemoryModel:
+        world_size: int = 1, sharded: bool = False) -> MemoryModel:
     """A memory model from the static part and recorded peaks (micro-batch -> bytes)."""
     points = tuple(sorted((int(m), int(p)) for m, p in peaks.items()))
     if not points:
-        return MemoryModel(static, static.total, None, (), amp, world_size)
+        return MemoryModel(static, _held(static, world_size, sharded), None, (), amp,
+                           world_size, sharded)
     if len(points) == 1:
         micro, peak = points[0]
-        slope = max(peak - static.total, 0) / micro
-        return MemoryModel(static, static.total, slope, points, amp, world_size)
+        held = _held(static, world_size, sharded)
+        slope = max(peak - held, 0) / micro
+        return MemoryModel(static, held, slope, points, amp, world_size, sharded)
     _, slope = fit_line(list(points))
     slope = max(slope, 0.0)
     intercept = max(peak - slope * micro for micro, peak in points)
-    return MemoryModel(static, intercept, slope, points, amp, world_size)
+    return MemoryModel(static, intercept, slope, points, amp, world_size, sharded)
+
+
+def _held(static: Static, world_size: int, sharded: bool) -> int:
+    """The static bytes one GPU holds: all of them, or its share under FSDP."""
+    return math.ceil(static.total / world_size) if sharded else static.total
 
 
 def from_manifest(manifest: Mapping[str, Any]) -> MemoryModel:
@@ -160,4 +178,5 @@ def from_manifest(manifest: Mapping[str, Any]) -> MemoryModel:
         peaks[int(micro)] = peak
     batch = manifest.get("batch") or {}
     amp = (manifest.get("amp") or {}).get("dtype")
-    return fit(static, peaks, amp, int(batch.get("world_size") or 1))
+    return fit(static, peaks, amp, int(batch.get("world_size") or 1),
+               sharded=batch.get("sharded") is True)

@@ -269,18 +269,17 @@ def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | No
     start = restarts.claim(store, run_id, host=os.uname().nodename)
     if start is not None and start.over:
         return _refuse_restart(store, local, run_id, start, say)
-    transfer = sync.pull(store, local, run_id, log=say)
-    say(f"pulled snapshot {run_id}@{transfer.step} ({transfer.bytes_sent} bytes fetched)")
+    step, planned_from = fetch_snapshot(store, local, run_id, say)
     interpreter = python or str(venv / "bin" / "python")
     lock, _ = _frozen(store, run_id, required=False)
     if lock is not None and not _already_checked(lock.digest, interpreter):
         check_environment(lock, interpreter, say)
     card = detect_card()
-    plan = plan_here(local, run_id, card)
+    plan = plan_here(planned_from, run_id, card)
     for note in plan.notes:
         say(f"plan: {note}")
     say("plan: " + " ".join(f"{k}={v}" for k, v in plan.env.items()))
-    _record(local, run_id, "node-start", step=transfer.step, plan=plan.summary,
+    _record(local, run_id, "node-start", step=step, plan=plan.summary,
             restarts=None if start is None else start.restarts, **_where())
     env = {**plan.env, "BURST_LOCAL": str(local_dir), "PATH": _path_with(interpreter),
            "BURST_RUN_ID": run_id, "BURST_STORE": store_url}
@@ -294,6 +293,29 @@ def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | No
             message=outcome.message, rank=last.rank if last else None, **_where())
     _publish_history(local, store, run_id, say)
     return code
+
+
+def fetch_snapshot(store: Store, local: Store, run_id: str, say: Say,
+                   environ: Mapping[str, str] | None = None) -> tuple[int, Store]:
+    """Bring the snapshot the run resumes from where its ranks read it; return its step
+    and the store to plan from.
+
+    A whole (format 1) snapshot is pulled into this node's local tier, verified, as the
+    run restores from there. A sharded one (format 2, written by several ranks) is not:
+    when this node starts several ranks, each reads only its own byte ranges straight from
+    the store (:mod:`burst.snapshot.shards`), so pulling every shard onto one disk first
+    would cost the whole state's download for nothing. One rank alone needs it all, so
+    it is pulled as before."""
+    environ = os.environ if environ is None else environ
+    newest = snapshot.read_manifest(store, run_id)
+    world = int(environ.get("SKYPILOT_NUM_NODES") or 1) * _gpus_per_node(environ)
+    if newest is not None and snapshot.is_sharded(newest) and world > 1:
+        say(f"sharded snapshot {run_id}@{newest['step']}: each of the {world} ranks reads "
+            "its own shards from the store")
+        return newest["step"], store
+    transfer = sync.pull(store, local, run_id, log=say)
+    say(f"pulled snapshot {run_id}@{transfer.step} ({transfer.bytes_sent} bytes fetched)")
+    return transfer.step, local
 
 
 def _refuse_restart(store: Store, local: Store, run_id: str, start: restarts.Start,

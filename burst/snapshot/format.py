@@ -1,16 +1,32 @@
-"""Snapshot format v1: a JSON manifest plus content-addressed blobs of raw tensor bytes.
+"""Snapshot format: a JSON manifest plus content-addressed blobs of raw tensor bytes.
 
-A manifest names every tensor with its blob, byte offset, dtype and shape. A blob's name
-is the SHA-256 of its bytes, so a tensor that did not change since the last snapshot (a
-frozen embedding, say) lands in a blob that already exists and is not written again.
+A manifest names every tensor with its dtype and shape and where its bytes lie. A blob's
+name is the SHA-256 of its bytes, so a tensor that did not change since the last snapshot
+(a frozen embedding, say) lands in a blob that already exists and is not written again.
 Tensors under ``PACK_THRESHOLD`` bytes are packed together so a model with thousands of
 small biases does not become thousands of objects.
+
+Format 1 (``FORMAT_VERSION``, what a single process writes, so older burst reads it): each
+``tensors`` entry is *whole*, ``{"blob", "offset", "nbytes", "dtype", "shape"}``: the
+tensor's C-contiguous bytes at ``offset`` in one blob.
+
+Format 2 (``SHARDED_FORMAT_VERSION``, written by every rank of a multi-rank run at once)
+keeps the same top-level fields and adds a second kind of entry, *sharded*:
+``{"dtype", "shape": [global dims], "shards": [{"offsets", "sizes", "blob", "offset",
+"nbytes"}, ...]}``. Each shard is a box of the global tensor (``offsets``/``sizes`` per
+dimension) stored C-contiguous in its blob; the boxes never overlap and together cover the
+tensor, so any rank can read any region by ranged reads, whatever the world size that wrote
+it. Whole entries stay valid in format 2 (a replicated tensor written by one rank). A blob's
+``blobs`` record is ``{"size"}`` plus, optionally (format 2 writers add it to blobs larger
+than ``CHUNK_BYTES``), ``"chunks"``: the SHA-256 of each ``CHUNK_BYTES`` piece, so part of
+a blob can be read and verified without reading all of it. A blob without chunks is read
+whole and checked against its name.
 
 Nothing here unpickles, and nothing here needs torch: listing, showing, verifying and
 moving snapshots run on a machine without it (a laptop, a CI box). Reading a snapshot
 parses JSON and checks every declared size against every other before allocating; the
-torch side (laying tensors out into blobs, building them back) is
-:mod:`burst.snapshot.tensors`.
+torch side (laying tensors out into blobs, building them back, reading regions) is
+:mod:`burst.snapshot.tensors` and :mod:`burst.snapshot.shards`.
 """
 
 from __future__ import annotations
@@ -20,12 +36,18 @@ import json
 import math
 import re
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from burst.errors import SnapshotError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # whole snapshots (one writer) are still written as format 1
+SHARDED_FORMAT_VERSION = 2  # every rank writes its own shards
+READABLE_VERSIONS = (FORMAT_VERSION, SHARDED_FORMAT_VERSION)
+# A ranged read of a blob is verified by the hashes of the pieces of this size it covers:
+# big enough that a blob's chunk list stays short (a 1 GB blob: 239 hashes), small enough
+# that reading a few rows of a shard costs at most two extra pieces.
+CHUNK_BYTES = 4 << 20
 PACK_THRESHOLD = 1 << 20  # tensors smaller than this share a pack blob
 PACK_LIMIT = 64 << 20  # a pack blob is closed once it reaches this size
 ALIGN = 64  # every tensor starts at a multiple of this within its blob
@@ -37,7 +59,7 @@ ALIGN = 64  # every tensor starts at a multiple of this within its blob
 # in every command that lists the run (a 144 MiB one: 1.1 GB and 25 s), so it is refused
 # before it is read (by its size) and before its entries are walked (by their count).
 MAX_MANIFEST_BYTES = 64 << 20
-MAX_MANIFEST_ENTRIES = 200_000  # tensors, and blobs, each
+MAX_MANIFEST_ENTRIES = 200_000  # tensors, blobs, and shards (whole entries count one), each
 # Steps are below 10**12 (a trillion optimizer steps: 31 years at 1000 steps a second), so
 # a manifest's name is always exactly 12 digits and one step has exactly one name.
 MAX_STEP = 10**12
@@ -70,6 +92,18 @@ def marker_key(run_id: str, step: int) -> str:
     return f"{run_id}/uploads/{check_step(step)}.json"
 
 
+def part_key(run_id: str, step: int, rank: int) -> str:
+    """One rank's report of the shards it wrote for ``step`` (format 2), read by rank 0."""
+    if not _is_count(rank) or rank >= 10**6:
+        raise SnapshotError(f"rank {rank!r} is not a rank number (0 <= rank < 1000000)")
+    return f"{parts_prefix(run_id, step)}{rank:06d}.json"
+
+
+def parts_prefix(run_id: str, step: int) -> str:
+    """Where the part reports of ``step`` lie: listing it shows which ranks reported."""
+    return f"{run_id}/parts/{check_step(step)}/"
+
+
 def check_step(step: object) -> str:
     """``step`` as its fixed-width name; refuse anything but an int in [0, MAX_STEP)."""
     if not _is_count(step) or step >= MAX_STEP:  # type: ignore[operator]
@@ -91,6 +125,42 @@ def step_of_manifest_key(key: str) -> int | None:
 
 def sha256(data: memoryview | bytes) -> str:
     return hashlib.sha256(data).hexdigest()
+
+
+def chunk_digests(data: memoryview | bytes | bytearray) -> list[str]:
+    """The SHA-256 of each ``CHUNK_BYTES`` piece of ``data`` (the last may be shorter)."""
+    view = memoryview(data).cast("B")
+    return [sha256(view[start : start + CHUNK_BYTES])
+            for start in range(0, len(view), CHUNK_BYTES)]
+
+
+def blob_info(data: memoryview | bytes | bytearray) -> dict[str, Any]:
+    """A blob's ``blobs`` record for a format 2 manifest: its size, plus its chunk hashes
+    when it is larger than one chunk (a smaller one is read whole anyway)."""
+    size = memoryview(data).nbytes
+    if size <= CHUNK_BYTES:
+        return {"size": size}
+    return {"size": size, "chunks": chunk_digests(data)}
+
+
+def is_sharded(entry: Mapping[str, Any]) -> bool:
+    """Whether a (parsed) ``tensors`` entry lists shards rather than one whole blob range."""
+    return "shards" in entry
+
+
+def entry_nbytes(entry: Mapping[str, Any]) -> int:
+    """The bytes of the whole logical tensor an entry describes, sharded or not."""
+    if is_sharded(entry):
+        return math.prod(entry["shape"]) * ITEMSIZES[entry["dtype"]]
+    return int(entry["nbytes"])
+
+
+def entry_shards(entry: dict) -> list[dict]:
+    """An entry's shards; a whole entry is one shard at offsets 0 spanning the shape."""
+    if is_sharded(entry):
+        return entry["shards"]
+    return [{"offsets": [0] * len(entry["shape"]), "sizes": list(entry["shape"]),
+             "blob": entry["blob"], "offset": entry["offset"], "nbytes": entry["nbytes"]}]
 
 
 def encode_manifest(manifest: dict[str, Any]) -> bytes:
@@ -120,10 +190,10 @@ def parse_manifest(data: bytes, *, run_id: str | None = None, step: int | None =
     if not isinstance(manifest, dict):
         raise SnapshotError(f"{source} is not a JSON object")
     version = manifest.get("format")
-    if version != FORMAT_VERSION:
+    if type(version) is not int or version not in READABLE_VERSIONS:
         raise SnapshotError(
-            f"{source} has snapshot format {version!r}; this burst reads format {FORMAT_VERSION} "
-            "(upgrade burst to read newer snapshots)"
+            f"{source} has snapshot format {version!r}; this burst reads formats "
+            f"{', '.join(map(str, READABLE_VERSIONS))} (upgrade burst to read newer snapshots)"
         )
     for field, kind in (("run_id", str), ("step", int), ("tensors", dict), ("blobs", dict),
                         ("state", dict)):
@@ -142,8 +212,7 @@ def parse_manifest(data: bytes, *, run_id: str | None = None, step: int | None =
             raise SnapshotError(f"{source} lists {len(manifest[field])} {field}: more than any "
                                 f"real model (at most {MAX_MANIFEST_ENTRIES})")
     _check_blobs(manifest["blobs"], source)
-    for name, entry in manifest["tensors"].items():
-        _check_tensor_entry(name, entry, manifest["blobs"], source)
+    _check_tensors(manifest["tensors"], manifest["blobs"], version, source)
     return manifest
 
 
@@ -157,26 +226,121 @@ def _check_blobs(blobs: dict, source: str) -> None:
             raise SnapshotError(f"{source} names a blob {digest!r} that is not a SHA-256 digest")
         if not isinstance(info, dict) or not _is_count(info.get("size")):
             raise SnapshotError(f"{source} gives blob {digest[:12]} no valid size")
+        if "chunks" in info:
+            _check_chunks(digest, info, source)
 
 
-def _check_tensor_entry(name: str, entry: Any, blobs: dict, source: str) -> None:
-    if not isinstance(entry, dict):
-        raise SnapshotError(f"{source}: tensor {name!r} has a malformed entry")
+def _check_chunks(digest: str, info: dict, source: str) -> None:
+    chunks = info["chunks"]
+    if (not isinstance(chunks, list) or len(chunks) != -(-info["size"] // CHUNK_BYTES)
+            or not all(isinstance(c, str) and _DIGEST.fullmatch(c) for c in chunks)):
+        raise SnapshotError(f"{source} gives blob {digest[:12]} malformed chunk hashes "
+                            f"(one SHA-256 per {CHUNK_BYTES >> 20} MiB piece)")
+
+
+def _check_tensors(tensors: dict, blobs: dict, version: int, source: str) -> None:
+    """Every entry, whole or sharded; shards are counted before each entry's are walked."""
+    shards = 0
+    for name, entry in tensors.items():
+        if not isinstance(entry, dict):
+            raise SnapshotError(f"{source}: tensor {name!r} has a malformed entry")
+        sharded = "shards" in entry
+        if sharded and version < SHARDED_FORMAT_VERSION:
+            raise SnapshotError(f"{source}: tensor {name!r} is sharded, which format {version} "
+                                "does not allow")
+        if sharded and not isinstance(entry["shards"], list):
+            raise SnapshotError(f"{source}: tensor {name!r} has a malformed shard list")
+        shards += len(entry["shards"]) if sharded else 1
+        if shards > MAX_MANIFEST_ENTRIES:
+            raise SnapshotError(f"{source} lists more than {MAX_MANIFEST_ENTRIES} tensor shards: "
+                                "more than any real model")
+        if sharded:
+            _check_sharded_entry(name, entry, blobs, source)
+        else:
+            _check_tensor_entry(name, entry, blobs, source)
+
+
+def _check_tensor_entry(name: str, entry: dict, blobs: dict, source: str) -> None:
+    itemsize, shape = _dtype_and_shape(name, entry, source)
+    _check_range(f"tensor {name!r}", entry, shape, itemsize, blobs, source)
+
+
+def _dtype_and_shape(name: str, entry: dict, source: str) -> tuple[int, list[int]]:
     dtype = entry.get("dtype")
     itemsize = ITEMSIZES.get(dtype) if isinstance(dtype, str) else None
     shape = entry.get("shape")
-    offset, nbytes, digest = entry.get("offset"), entry.get("nbytes"), entry.get("blob")
     if itemsize is None:
         raise SnapshotError(f"{source}: tensor {name!r} has unknown dtype {dtype!r}")
-    if (not isinstance(shape, list) or len(shape) > MAX_DIMS
-            or not all(_is_count(d) and d < 2**62 for d in shape)):
+    if not _is_dims(shape):
         raise SnapshotError(f"{source}: tensor {name!r} has a malformed shape")
-    if not (_is_count(offset) and _is_count(nbytes)) or digest not in blobs:
-        raise SnapshotError(f"{source}: tensor {name!r} points at no valid blob range")
+    return itemsize, shape
+
+
+def _is_dims(dims: Any) -> bool:
+    return (isinstance(dims, list) and len(dims) <= MAX_DIMS
+            and all(_is_count(d) and d < 2**62 for d in dims))
+
+
+def _check_range(what: str, entry: dict, shape: list[int], itemsize: int, blobs: dict,
+                 source: str) -> None:
+    """``entry`` holds exactly ``shape`` at an aligned range inside a listed blob."""
+    offset, nbytes, digest = entry.get("offset"), entry.get("nbytes"), entry.get("blob")
+    if not (_is_count(offset) and _is_count(nbytes)) or not isinstance(digest, str) \
+            or digest not in blobs:
+        raise SnapshotError(f"{source}: {what} points at no valid blob range")
     if math.prod(shape) * itemsize != nbytes:
-        raise SnapshotError(f"{source}: tensor {name!r} declares {nbytes} bytes for shape {shape}")
+        raise SnapshotError(f"{source}: {what} declares {nbytes} bytes for shape {shape}")
     if offset % itemsize or offset + nbytes > blobs[digest]["size"]:
-        raise SnapshotError(f"{source}: tensor {name!r} lies outside its blob {digest[:12]}")
+        raise SnapshotError(f"{source}: {what} lies outside its blob {digest[:12]}")
+
+
+def _check_sharded_entry(name: str, entry: dict, blobs: dict, source: str) -> None:
+    """Every shard a box inside the shape, stored in a listed blob; the boxes do not
+    overlap and their volumes add up to the tensor's, so together they cover it exactly."""
+    itemsize, shape = _dtype_and_shape(name, entry, source)
+    volume = 0
+    for index, shard in enumerate(entry["shards"]):
+        what = f"tensor {name!r} shard {index}"
+        if not isinstance(shard, dict):
+            raise SnapshotError(f"{source}: {what} is malformed")
+        offsets, sizes = shard.get("offsets"), shard.get("sizes")
+        if not (_is_dims(offsets) and _is_dims(sizes) and len(offsets) == len(shape)
+                and len(sizes) == len(shape)):
+            raise SnapshotError(f"{source}: {what} has malformed offsets or sizes")
+        if any(o + n > d for o, n, d in zip(offsets, sizes, shape, strict=True)):
+            raise SnapshotError(f"{source}: {what} lies outside the tensor's shape {shape}")
+        _check_range(what, shard, sizes, itemsize, blobs, source)
+        volume += math.prod(sizes)
+    if volume != math.prod(shape):
+        raise SnapshotError(f"{source}: the shards of tensor {name!r} hold {volume} elements, "
+                            f"its shape {shape} has {math.prod(shape)}")
+    overlap = _overlapping(entry["shards"])
+    if overlap is not None:
+        raise SnapshotError(f"{source}: shards {overlap[0]} and {overlap[1]} of tensor "
+                            f"{name!r} overlap")
+
+
+def _overlapping(shards: list[dict]) -> tuple[int, int] | None:
+    """Two shards whose boxes share an element, or None. A sweep along dimension 0: only
+    shards whose row spans meet are compared, so shards split by rows (the usual FSDP
+    layout) cost a sort, and a split along other dimensions compares within a row span."""
+    order = sorted((i for i, s in enumerate(shards) if math.prod(s["sizes"]) and s["sizes"]),
+                   key=lambda i: shards[i]["offsets"][0])
+    active: list[int] = []
+    for i in order:
+        box = shards[i]
+        start = box["offsets"][0]
+        active = [j for j in active if shards[j]["offsets"][0] + shards[j]["sizes"][0] > start]
+        for j in active:
+            if _boxes_meet(box, shards[j]):
+                return min(i, j), max(i, j)
+        active.append(i)
+    return None
+
+
+def _boxes_meet(a: dict, b: dict) -> bool:
+    return all(ao < bo + bn and bo < ao + an for ao, an, bo, bn
+               in zip(a["offsets"], a["sizes"], b["offsets"], b["sizes"], strict=True))
 
 
 def _is_count(value: Any) -> bool:

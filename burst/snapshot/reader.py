@@ -106,6 +106,56 @@ def newest_intact(store: Store, run_id: str, log: Callable[[str], None]) -> dict
                         f"failure: {failures[0]}")
 
 
+def is_sharded(manifest: dict) -> bool:
+    """Whether a snapshot was written in pieces by several ranks (format 2): its ranks
+    restore straight from the store, each reading its own byte ranges."""
+    return manifest.get("format") == fmt.SHARDED_FORMAT_VERSION
+
+
+def newest_complete(store: Store, run_id: str, log: Callable[[str], None]) -> dict | None:
+    """The newest snapshot whose manifest parses and whose every blob is there at its
+    size; None if the run has none at all. The fallback rule is :func:`newest_intact`'s.
+
+    For a restore on several ranks straight from the store (a sharded snapshot): hashing
+    every blob here would have one rank download the whole state, which is what sharding
+    avoids. Each rank checks the hashes of the bytes it reads instead
+    (:mod:`burst.snapshot.shards`), so a corrupt shard still never loads."""
+    steps = list_steps(store, run_id)
+    failures: list[str] = []
+    for index, step in enumerate(reversed(steps)):
+        try:
+            return _complete(store, run_id, step)
+        except SnapshotError as exc:
+            failures.append(f"step {step}: {exc}")
+            if index + 1 < len(steps):
+                log(f"snapshot {run_id}@{step} is unusable ({exc}); falling back to step "
+                    f"{steps[-index - 2]}")
+    if not failures:
+        return None
+    raise SnapshotError(f"no snapshot of run {run_id!r} in {store.url} is complete; newest "
+                        f"failure: {failures[0]}")
+
+
+def _complete(store: Store, run_id: str, step: int) -> dict:
+    manifest = read_manifest(store, run_id, step)
+    assert manifest is not None  # a listed step
+
+    def check(item: tuple[str, dict]) -> None:
+        digest, info = item
+        size = store.size(fmt.blob_key(run_id, digest))
+        if size is None:
+            raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is missing from the "
+                                "store")
+        if size != info["size"]:
+            raise SnapshotError(f"blob {digest[:12]} is {size} bytes, the manifest says "
+                                f"{info['size']}")
+
+    blobs = list(manifest["blobs"].items())
+    with ThreadPoolExecutor(min(8, len(blobs) or 1), thread_name_prefix="burst-check") as pool:
+        list(pool.map(check, blobs))
+    return manifest
+
+
 def read_blob(store: Store, run_id: str, digest: str, size: int,
               allocate: Callable[[int], Buffer] = bytearray, *,
               check_hash: bool = True) -> Buffer:
@@ -143,12 +193,14 @@ class Mapped(Protocol):
     def view(self, key: str) -> AbstractContextManager[memoryview]: ...
 
 
-def check_blob(store: Store, run_id: str, digest: str, size: int) -> None:
-    """Check one blob's size and hash, keeping none of its bytes: hashed straight from the
-    file's pages where the store maps them (a local tier: no buffer to allocate and fill),
-    else read into scratch memory."""
+def check_blob(store: Store, run_id: str, digest: str, size: int,
+               chunks: list[str] | None = None) -> None:
+    """Check one blob's size and hash (and its ``chunks`` hashes, if the manifest lists
+    them), keeping none of its bytes: hashed straight from the file's pages where the
+    store maps them (a local tier: no buffer to allocate and fill), else read into
+    scratch memory."""
     if not isinstance(store, Mapped):
-        read_blob(store, run_id, digest, size)
+        _check_chunks(digest, read_blob(store, run_id, digest, size), chunks)
         return
     try:
         with store.view(fmt.blob_key(run_id, digest)) as view:
@@ -158,20 +210,31 @@ def check_blob(store: Store, run_id: str, digest: str, size: int) -> None:
             if fmt.sha256(view) != digest:
                 raise SnapshotError(f"blob {digest[:12]} is corrupt: its bytes do not match "
                                     "its hash")
+            _check_chunks(digest, view, chunks)
     except KeyError:
         raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is missing from the "
                             "store") from None
 
 
+def _check_chunks(digest: str, data: bytes | bytearray | memoryview,
+                  chunks: list[str] | None) -> None:
+    """A blob whose name matches its bytes but whose chunk hashes do not would pass a
+    whole read and fail every ranged one (format 2): such a snapshot is not intact."""
+    if chunks is not None and fmt.chunk_digests(data) != chunks:
+        raise SnapshotError(f"blob {digest[:12]} has chunk hashes that do not match its bytes")
+
+
 def verify(store: Store, run_id: str, step: int | None = None) -> dict:
-    """Check one snapshot end to end (manifest, every blob's size and hash); return it.
-    Blobs are checked a few at a time (hashing lets go of the GIL)."""
+    """Check one snapshot end to end (manifest, every blob's size and hash, and the chunk
+    hashes format 2 lists); return it. Blobs are checked a few at a time (hashing lets go
+    of the GIL)."""
     manifest = read_manifest(store, run_id, step)
     if manifest is None:
         raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")
     blobs = manifest["blobs"]
     with ThreadPoolExecutor(min(4, len(blobs) or 1), thread_name_prefix="burst-verify") as pool:
-        checks = [pool.submit(check_blob, store, run_id, digest, info["size"])
+        checks = [pool.submit(check_blob, store, run_id, digest, info["size"],
+                              info.get("chunks"))
                   for digest, info in blobs.items()]
         for check in checks:
             check.result()

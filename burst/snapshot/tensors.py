@@ -17,7 +17,7 @@ import torch
 
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
-from burst.snapshot import reader, sync
+from burst.snapshot import reader, shards, sync
 from burst.store.base import Store
 from burst.store.retry import DEFAULT_RETRY, RetryPolicy
 
@@ -123,7 +123,8 @@ def _allocate(size: int) -> Any:
 
 def load_tensors(store: Store, manifest: dict, kept: Mapping[str, Any] | None = None, *,
                  verified: bool = False) -> dict[str, torch.Tensor]:
-    """Read and verify every blob of ``manifest``; return its tensors (views into the blobs).
+    """Read and verify every blob of ``manifest``; return its tensors (a whole entry's are
+    views into its blob; a sharded entry's (format 2) are assembled from their shards).
 
     Blobs in ``kept`` (digest -> the verified buffer a pull left them in) are used where
     they are instead of being read again (:func:`pull_tensors`). ``verified``: this
@@ -131,9 +132,14 @@ def load_tensors(store: Store, manifest: dict, kept: Mapping[str, Any] | None = 
     sizes are checked and hashes are not computed a second time."""
     _check_dtypes(manifest)
     by_blob: dict[str, list[str]] = {}
+    sharded: list[str] = []
     for name, entry in manifest["tensors"].items():
-        by_blob.setdefault(entry["blob"], []).append(name)
+        if fmt.is_sharded(entry):
+            sharded.append(name)
+        else:
+            by_blob.setdefault(entry["blob"], []).append(name)
     run_id = manifest["run_id"]
+    loaded: dict[str, Any] = dict(kept or {})  # digest -> verified bytes, for the shards
 
     def load(digest: str) -> dict[str, torch.Tensor]:
         if kept is not None and digest in kept:
@@ -141,13 +147,19 @@ def load_tensors(store: Store, manifest: dict, kept: Mapping[str, Any] | None = 
         else:
             data = read_blob(store, run_id, digest, manifest["blobs"][digest]["size"],
                              check_hash=not verified)
+            loaded[digest] = data.numpy()
         return tensors_from_blob(manifest, digest, data, by_blob[digest])
 
     tensors: dict[str, torch.Tensor] = {}
     with ThreadPoolExecutor(max_workers=4) as pool:
         for part in pool.map(load, by_blob):
             tensors.update(part)
-    return tensors
+        if sharded:
+            cache = shards.BlobCache(kept=loaded, check_hash=not verified)
+            wholes = pool.map(lambda n: shards.read_whole(store, manifest, n, blobs=cache),
+                              sharded)
+            tensors.update(zip(sharded, wholes, strict=True))
+    return {name: tensors[name] for name in manifest["tensors"]}
 
 
 def pull_tensors(src: Store, dst: Store, run_id: str, step: int | None = None, *,

@@ -12,6 +12,10 @@ newest shadow when the thread comes free.
 The persister commits through :mod:`burst.snapshot.commit` (blobs first, verified, the
 manifest last), so a snapshot is complete or invisible; reading snapshots back is
 :mod:`burst.snapshot.reader` (and :mod:`burst.snapshot.tensors` for their tensors).
+
+On several ranks (:meth:`Tiers.shard_into`) each rank's persister writes its own part of
+the snapshot into the run's store instead, and rank 0's commits the manifest once every
+rank's part is in (:mod:`burst.snapshot.parts`).
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ import torch
 
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
-from burst.snapshot import retention
+from burst.snapshot import parts, retention
 from burst.snapshot.commit import commit
 from burst.snapshot.reader import list_steps
 from burst.snapshot.tensors import Blob, layout_blobs, tensor_entry
@@ -46,6 +50,9 @@ class Captured:
     tensors: dict[str, torch.Tensor]  # host-RAM copies, owned by a shadow buffer set
     meta: dict[str, Any]  # manifest fields: counters, batch layout, amp, reason...
     buffers: ShadowBuffers | None = field(default=None, repr=False)
+    # where each tensor lies in its global tensor (this rank's pieces of a sharded
+    # snapshot, burst.parallel.pieces); None: the tensors are whole
+    boxes: dict[str, parts.Box] | None = field(default=None, repr=False)
 
 
 class ShadowBuffers:
@@ -77,6 +84,17 @@ class ShadowBuffers:
 def _host_buffer(tensor: torch.Tensor) -> torch.Tensor:
     pin = tensor.is_cuda
     return torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=pin)
+
+
+@dataclass(frozen=True)
+class Sharding:
+    """Where and as which rank the persister writes parts (:meth:`Tiers.shard_into`)."""
+
+    store: Store
+    rank: int
+    world_size: int
+    timeout: float
+    launch: str | None
 
 
 class Tiers:
@@ -114,9 +132,20 @@ class Tiers:
         # the adaptive interval (burst.training.adaptive) weighs it; ``writes`` counts them
         self.last_write_seconds: float | None = None
         self.writes = 0
+        self.sharding: Sharding | None = None
+
+    def shard_into(self, store: Store, rank: int, world_size: int, *, timeout: float = 300.0,
+                   launch: str | None = None) -> None:
+        """Persist every later snapshot as this rank's part of a sharded snapshot in
+        ``store`` (:func:`burst.snapshot.parts.write_part`); rank 0 also waits up to
+        ``timeout`` seconds for the other ranks' parts, commits the manifest, prunes and
+        calls ``on_commit``. ``launch``: an id every rank of this launch was given alike,
+        so parts an earlier launch left are never merged into this one's snapshots."""
+        with self._cond:
+            self.sharding = Sharding(store, rank, world_size, timeout, launch)
 
     def capture(self, step: int, tree: dict, live: dict[str, torch.Tensor], meta: dict,
-                persist: bool = False) -> Captured:
+                persist: bool = False, boxes: dict[str, parts.Box] | None = None) -> Captured:
         """Copy ``live`` into host RAM (the only cost the training loop pays)."""
         with self._cond:
             buffers = self._free_set()
@@ -125,7 +154,7 @@ class Tiers:
                 self._pending = None
             if self.latest is not None and self.latest.buffers is buffers:
                 self.latest = None  # about to be overwritten
-        captured = Captured(step, tree, buffers.copy_from(live), meta, buffers)
+        captured = Captured(step, tree, buffers.copy_from(live), meta, buffers, boxes)
         with self._cond:
             self.latest = captured
         if persist or replaced_pending:
@@ -160,16 +189,11 @@ class Tiers:
                     return
             try:
                 started = time.monotonic()
-                if self.complete_meta is not None:
-                    captured = replace(captured, meta=self.complete_meta(captured.meta))
-                manifest = write_snapshot(self.store, self.run_id, captured, self.stamp)
-                self.committed_step = captured.step
-                if self.keep:
-                    prune(self.store, self.run_id, self.keep)
-                self.last_write_seconds = time.monotonic() - started
-                self.writes += 1
-                if self.on_commit:
-                    self.on_commit(manifest)
+                sharding = self.sharding
+                if sharding is None:
+                    self._write_whole(captured, started)
+                else:
+                    self._write_part(captured, sharding, started)
             except BaseException as exc:  # surfaced to the training thread by flush()
                 with self._cond:
                     self._error = exc
@@ -181,6 +205,44 @@ class Tiers:
             finally:
                 with self._cond:
                     self._writing = None
+
+    def _write_whole(self, captured: Captured, started: float) -> None:
+        if self.complete_meta is not None:
+            captured = replace(captured, meta=self.complete_meta(captured.meta))
+        manifest = write_snapshot(self.store, self.run_id, captured, self.stamp)
+        self.committed_step = captured.step
+        if self.keep:
+            prune(self.store, self.run_id, self.keep)
+        self.last_write_seconds = time.monotonic() - started
+        self.writes += 1
+        if self.on_commit:
+            self.on_commit(manifest)
+
+    def _write_part(self, captured: Captured, sharding: Sharding, started: float) -> None:
+        """This rank's part; on rank 0 then the manifest (unless a rank skipped the step),
+        pruning and ``on_commit``. The other ranks never prune: rank 0 owns retention."""
+        if captured.boxes is None:
+            raise SnapshotError(f"the capture of step {captured.step} has no boxes: a sharded "
+                                "snapshot needs each tensor's place (burst.parallel.pieces)")
+        store, rank = sharding.store, sharding.rank
+        parts.write_part(store, self.run_id, captured.step, rank, captured.tensors,
+                         captured.boxes, world_size=sharding.world_size, launch=sharding.launch)
+        manifest = None
+        if rank == 0:
+            meta = captured.meta
+            if self.complete_meta is not None:
+                meta = self.complete_meta(meta)
+            manifest = parts.commit_parts(store, self.run_id, captured.step, sharding.world_size,
+                                          tree=captured.tree, meta=meta, stamp=self.stamp,
+                                          launch=sharding.launch, timeout=sharding.timeout)
+            if manifest is not None:
+                self.committed_step = captured.step
+                if self.keep:
+                    prune(store, self.run_id, self.keep)
+        self.last_write_seconds = time.monotonic() - started
+        self.writes += 1
+        if manifest is not None and self.on_commit:
+            self.on_commit(manifest)
 
     def busy(self) -> bool:
         with self._cond:

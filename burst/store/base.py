@@ -47,6 +47,11 @@ class Store(Protocol):
     def read_into(self, key: str, buffer: memoryview) -> int:
         """Fill ``buffer`` from the object; return the object's size (may exceed the buffer)."""
 
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        """Return ``length`` bytes of the object from byte ``start`` (one ranged read, so a
+        rank restoring its shard fetches only its rows); raise ``KeyError`` if it does not
+        exist and ``StoreError`` if it ends before ``start + length``."""
+
     def size(self, key: str) -> int | None:
         """Return the object's size in bytes, or None if it does not exist."""
 
@@ -60,6 +65,15 @@ class Store(Protocol):
 # Top-level names a store keeps for itself, beside the runs: ``wheels/`` holds the
 # wheelhouse every run of the store shares (burst.env.wheelhouse).
 SHARED_PREFIXES = frozenset({"wheels", "preflight"})  # preflight: burst check's probes
+
+
+def check_range(url: str, key: str, start: int, length: int, size: int) -> None:
+    """Refuse a range a backend was asked to read: negative, or past the object's end."""
+    if start < 0 or length < 0:
+        raise StoreError(f"{url}: refusing to read {key} from {start} for {length} bytes")
+    if start + length > size:
+        raise StoreError(f"{url}: {key} is {size} bytes, shorter than the "
+                         f"{start + length} a read of bytes {start}..{start + length} needs")
 
 
 def check_key(key: str) -> str:

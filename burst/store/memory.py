@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from burst.store.base import check_key
+from burst.store.base import check_key, check_range
 
 _BUCKETS: dict[str, dict[str, bytes]] = {}
 _LOCK = threading.Lock()
@@ -43,6 +43,11 @@ class MemoryStore:
         n = min(len(buffer), len(data))
         buffer[:n] = data[:n]
         return len(data)
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        data = self.get(key)
+        check_range(self.url, key, start, length, len(data))
+        return data[start : start + length]
 
     def size(self, key: str) -> int | None:
         data = self._objects.get(check_key(key))

@@ -35,7 +35,13 @@ import botocore.parsers
 
 from burst import killpoints
 from burst.errors import ConfigError, SnapshotError, StoreError
-from burst.store.base import TransientStoreError, addressable, check_key, check_prefix
+from burst.store.base import (
+    TransientStoreError,
+    addressable,
+    check_key,
+    check_prefix,
+    check_range,
+)
 from burst.store.retry import DEFAULT_RETRY, RetryPolicy, retry
 from burst.store.settings import as_bool, as_int
 
@@ -295,6 +301,35 @@ class S3Store:
                 yield a, b
         finally:
             _settle(futures, cancel=True)
+
+    def read_range(self, key: str, start: int, length: int, *,
+                   policy: RetryPolicy = DEFAULT_RETRY) -> bytes:
+        """Ranged GETs (a long range in parallel parts), each retried on its own through
+        ``policy``; no HEAD first: every part's ``Content-Range`` tells the object's size.
+        Returns a ``bytearray`` (filled in place by the parts)."""
+        if not length or start < 0:
+            size = self.size(key)
+            if size is None:
+                raise KeyError(key)
+            check_range(self.url, key, start, length, size)
+            return b""
+        out = memoryview(bytearray(length))
+
+        def write(offset: int, data: bytes) -> None:
+            out[offset - start : offset - start + len(data)] = data
+
+        def part(a: int, b: int) -> None:
+            total = retry(lambda: self._get_range(key, a, b - a, write), policy)
+            if total < start + length:
+                raise StoreError(f"{self.url}: {key} ends before byte {start + length} that a "
+                                 f"read of bytes {start}..{start + length} needs")
+
+        ranges = [(start + a, start + b) for a, b in _ranges(length, self.get_part_size)]
+        if len(ranges) == 1:
+            part(*ranges[0])
+        else:
+            _settle([self._executor().submit(part, a, b) for a, b in ranges])
+        return out.obj  # type: ignore[return-value]
 
     def size(self, key: str) -> int | None:
         with self._errors(f"checking {key}"):

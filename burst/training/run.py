@@ -30,6 +30,7 @@ import os
 import platform
 import sys
 import time
+import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import replace
@@ -71,6 +72,10 @@ ENV_ACCUMULATION = "BURST_ACCUMULATION"  # the rest of a plan: checked, not trus
 ENV_WORLD_SIZE = "BURST_WORLD_SIZE"
 ENV_TF32 = "BURST_TF32"
 INTERVALS_EVENT = "snapshot-intervals"  # the intervals chosen from measured costs
+# How long rank 0 waits for the other ranks' pieces of a sharded snapshot after its own
+# is stored: they write the same share of bytes at the same time, so far more than a
+# piece's upload; a rank that never reports (dead, hung) fails that snapshot, not the run.
+SHARD_TIMEOUT_SECONDS = 600.0
 STOP_REASON = "signal"  # the snapshot reason that also stops the run (SIGTERM/SIGINT)
 _ROUTINE_REASONS = ("periodic", "manual", "final")  # snapshots that may wait for the freeze
 
@@ -211,6 +216,10 @@ class Run:
                                      on_commit=self._on_commit,
                                      complete_meta=self._freeze_fields,
                                      stamp=self.lineage.stamp() if self.lineage else None)
+        if self._group.collective:  # every rank writes its own piece (burst.snapshot.parts)
+            launch = self._group.broadcast_json(uuid.uuid4().hex if self.rank == 0 else None)
+            self._tiers.shard_into(self.store, self.rank, self.world_size,
+                                   timeout=SHARD_TIMEOUT_SECONDS, launch=launch)
         self._sampler: ResumableSampler | None = None
         self._saved_sampler: dict | None = None
         self._pending_resume: dict[str, Any] | None = None  # recorded once the data checks out
@@ -274,7 +283,7 @@ class Run:
         freeze.prefetch(self.store, self.run_id, local=self.local)
         manifest = dist_state.newest_manifest(  # rank 0 chooses; every rank reads that one
             self._group, self._newest_manifest,
-            lambda step: dist_state.manifest_at(self.local, self.store, self.run_id, step))
+            lambda step: reader.read_manifest(self.store, self.run_id, step))
         if manifest is None:
             if sampler is not None:
                 self.adopt_sampler(sampler)
@@ -353,10 +362,12 @@ class Run:
 
     def _restore(self, manifest: dict) -> state_mod.RestoreReport:
         batch = manifest.get("batch", {})
-        # rank 0 verified this snapshot's blobs in choosing it: do not hash them again
-        tensors = load_tensors(self.local, manifest,
-                               verified=manifest["step"] == self._verified_step)
-        saved = state_mod.decode(manifest, tensors)
+        if self._group.collective:  # each rank reads what it needs from the store
+            saved = dist_state.load(self.store, manifest, self.components, self._group)
+        else:  # verified in choosing it (newest_intact): not hashed again
+            tensors = load_tensors(self.local, manifest,
+                                   verified=manifest["step"] == self._verified_step)
+            saved = state_mod.decode(manifest, tensors)
         saved_amp = manifest.get("amp", {}).get("dtype")
         notes = dist_state.restore(self.components, saved, self._group, saved_amp=saved_amp,
                                    amp=self._amp(), seed=self.seed, step=manifest["step"],
@@ -675,10 +686,9 @@ class Run:
         # the freeze (once, and only to persist: a shadow's is named if it is ever persisted)
         started = self._adaptive.clock()
         self._check_buffers()
-        taken = dist_state.capture(self.components, self.extra, self._group)
-        captured = None
-        if taken is not None:  # rank 0 (the only writer on several ranks)
-            captured = self._tiers.capture(self.step, *taken, meta, persist=persist)
+        state_tree, live, boxes = dist_state.capture(self.components, self.extra, self._group)
+        captured = self._tiers.capture(self.step, state_tree, live, meta, persist=persist,
+                                       boxes=boxes)  # on several ranks: this rank's piece
         done = self._adaptive.clock()
         self._adaptive.shadow(done - started)
         self._burst_seconds += done - entered  # not training time either
@@ -689,7 +699,7 @@ class Run:
     def save_boundary(self, reason: str) -> int | None:
         """Snapshot the live state as it was at the last step boundary (after an OOM);
         return its step. On several ranks the other ranks may be stuck in a collective, so
-        no collective capture is possible: rank 0 keeps its RAM shadow instead."""
+        no collective capture is possible: every rank keeps its RAM shadow instead."""
         if self.world_size > 1:
             return self.persist_shadow(reason)
         tree, live = state_mod.capture(self.components, self.extra, rng_state=self._boundary_rng,
@@ -698,10 +708,17 @@ class Run:
         return self.step
 
     def persist_shadow(self, reason: str) -> int | None:
-        """Queue the newest RAM copy under ``reason`` without touching the device."""
+        """Queue the newest RAM copy under ``reason`` without touching the device. On
+        several ranks each rank queues its own piece, and rank 0 waits for the others' at
+        most the grace period: a rank stuck in a collective never sends one, and the
+        newest complete snapshot then stands."""
         latest = self._tiers.latest
         if latest is None:
             return None
+        sharding = self._tiers.sharding
+        if sharding is not None:  # after a failure the other ranks may never send theirs
+            self._tiers.sharding = replace(sharding, timeout=min(sharding.timeout,
+                                                                 self._guard.grace_seconds))
         self._tiers.persist(replace(latest, meta={**latest.meta, "reason": reason}))
         return latest.step
 
@@ -709,13 +726,26 @@ class Run:
         self._metrics.flush()
         self._live.committed(manifest)
         self.record_event("snapshot", step=manifest["step"], reason=manifest["reason"])
-        if self._uploads is not None:
+        if self._uploads is None:
+            return
+        if reader.is_sharded(manifest):  # already in the store
+            sync.copy_extras(self.local, self.store, self.run_id)  # events written since
+        else:
             self._uploads.submit(manifest["step"])
 
     def _newest_manifest(self) -> dict | None:
         """The newest intact snapshot, pulled into the local tier first when the remote is
         newer. One rule on every store: a damaged newer snapshot is skipped for an older
-        intact one, loudly (a warning and a ``snapshot-skipped`` event)."""
+        intact one, loudly (a warning and a ``snapshot-skipped`` event).
+
+        On several ranks the ranks restore straight from the store (each reads its own
+        byte ranges), so the store's newest complete snapshot is chosen there, after any
+        whole snapshot a crash left in the local tier has gone up."""
+        if self._group.collective:
+            if self._uploads is not None:
+                self._uploads.flush()
+            self._verified_step = None
+            return reader.newest_complete(self.store, self.run_id, log=self._skipped_snapshot)
         if self.local is not self.store:
             local_steps = reader.list_steps(self.local, self.run_id)
             remote_steps = reader.list_steps(self.store, self.run_id)
@@ -787,10 +817,15 @@ class Run:
         device = _device_of(self.components.model)
         return torch.amp.GradScaler(device, enabled=self.amp == "fp16")
 
-    def layout(self) -> dict[str, int]:
-        """The batch layout: global and micro batch, accumulation, world size."""
-        return {"global": self.global_batch, "micro": self.micro_batch,
-                "accumulation": self.accumulation, "world_size": self.world_size}
+    def layout(self) -> dict[str, Any]:
+        """The batch layout: global and micro batch, accumulation, world size, and whether
+        the model is sharded (FSDP2: the planner then counts its state per rank)."""
+        layout: dict[str, Any] = {"global": self.global_batch, "micro": self.micro_batch,
+                                  "accumulation": self.accumulation,
+                                  "world_size": self.world_size}
+        if dist_state.sharded(self.components):
+            layout["sharded"] = True
+        return layout
 
     def _amp(self) -> str | None:
         scaler = self.components.scaler

@@ -121,3 +121,38 @@ def test_a_malformed_peak_entry_is_a_snapshot_error():
     data["memory"]["peak_bytes_by_micro_batch"] = {"eight": 123}
     with pytest.raises(SnapshotError, match="malformed"):
         memory.from_manifest(data)
+
+
+# -- a sharded (FSDP) run: its state is counted per rank ----------------------------------
+
+
+def _sharded_model(world: int, peak_gib: float) -> memory.MemoryModel:
+    data = manifest(n_params=1 << 28, peaks={4: int(peak_gib * GIB)}, world=world,
+                    global_batch=64, micro=4)
+    data["batch"]["sharded"] = True
+    return memory.from_manifest(data)
+
+
+def test_a_sharded_snapshot_counts_its_state_per_rank():
+    model = _sharded_model(4, peak_gib=2.0)
+    total = model.static.total  # 1 Gi elements of float32 weights + Adam: 3 GiB + grads
+    assert model.sharded
+    assert model.fixed(None, 4) == pytest.approx(total / 4, rel=0.01)
+
+
+def test_a_sharded_run_on_more_ranks_needs_less_per_gpu():
+    model = _sharded_model(4, peak_gib=2.0)
+    quarter, eighth = model.fixed(None, 4), model.fixed(None, 8)
+    assert eighth == pytest.approx(quarter - model.static.total / 8, rel=0.01)
+
+
+def test_a_sharded_run_on_fewer_ranks_needs_more_per_gpu_and_no_ddp_buckets():
+    model = _sharded_model(4, peak_gib=2.0)
+    assert model.fixed(None, 1) == pytest.approx(model.static.total, rel=0.01)
+
+
+def test_a_replicated_snapshot_still_counts_the_whole_state_on_every_gpu():
+    data = manifest(n_params=1 << 28, peaks={4: 5 * GIB}, world=4, global_batch=64, micro=4)
+    model = memory.from_manifest(data)
+    assert not model.sharded
+    assert model.fixed(None, 8) == model.fixed(None, 4)

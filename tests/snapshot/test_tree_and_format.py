@@ -58,7 +58,7 @@ def test_a_valid_manifest_parses():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"format": 2}, "format 2"),
+    ({"format": 3}, "format 3"),
     ({"blobs": {"../x": {"size": 1}}}, "not a SHA-256"),
     ({"tensors": {"t": {"blob": "a" * 64, "dtype": "object", "shape": [1], "offset": 0,
                         "nbytes": 8}}}, "unknown dtype"),

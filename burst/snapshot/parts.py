@@ -1,0 +1,374 @@
+"""Sharded snapshots (format 2): every rank writes its own part, rank 0 commits the whole.
+
+On several ranks no rank holds the whole state, so no rank can write a snapshot alone.
+Each rank's persister instead writes a *part* straight into the run's store
+(:func:`write_part`):
+
+1. lay its tensors out into blobs (small ones packed, as a whole snapshot does), hash them
+   (plus one hash per ``CHUNK_BYTES`` piece of a blob larger than that, so a restoring
+   rank can verify a ranged read of part of it);
+2. write an upload marker ``uploads/<step>.r<rank>.json`` naming those blobs, so a GC
+   running meanwhile keeps them (:mod:`burst.snapshot.retention` reads every marker);
+3. write every blob the store lacks and check the size each landed with;
+4. put its *part report* at :func:`burst.snapshot.format.part_key`: the blobs and, for
+   each tensor, the box of the global tensor it wrote (a sharded entry with one shard).
+
+Rank 0 then waits for every rank's report of that step and merges them into one format 2
+manifest (:func:`commit_parts`), committed by :func:`burst.snapshot.commit.commit` like
+any other snapshot: the manifest is written last, so the snapshot is complete or invisible.
+A rank that dies mid-way leaves no report; rank 0 waits until ``timeout`` and gives up,
+and the previous snapshot stays the newest. The parts and markers of a committed step are
+deleted afterwards (a crash before that leaves them; they are small, and a later commit
+deletes every part of its step and older ones).
+
+Each rank's persister coalesces queued snapshots on its own, so a rank may skip a step
+another rank wrote. A rank that reported a newer step but not this one has skipped it, so
+rank 0 gives this step up at once (no manifest, no error) instead of waiting for the
+timeout. Reports carry a ``launch`` id, when the ranks agreed on one, so the parts a crashed
+earlier launch left behind at later steps are never taken for this launch's.
+
+The blob dedup race is the one :mod:`burst.snapshot.commit` describes: a rank that finds a
+blob already there skips it, and a GC that listed the blobs before that rank's marker was
+written may delete it. Rank 0 checks every blob's size before writing the manifest; a blob
+that is gone then fails the step (naming the rank that reported it), since rank 0 has no
+copy to write again.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from burst import killpoints
+from burst.errors import SnapshotError
+from burst.snapshot import format as fmt
+from burst.snapshot.commit import commit
+from burst.snapshot.tensors import dtype_name, layout_blobs
+from burst.state import tree as tree_mod
+from burst.store.base import Store
+from burst.store.retry import DEFAULT_RETRY, RetryPolicy, retry
+
+_POOL_BYTES = 16 << 20  # hash a part this small on the persister thread alone
+_WORKERS = 4
+_POLL_MAX = 0.5  # seconds between listings while waiting for the other ranks, at most
+_PART = re.compile(r"([0-9]{12})/([0-9]{6})\.json")
+_RANK_MARKER = re.compile(r"([0-9]{12})\.r([0-9]+)\.json")
+
+
+class Box(NamedTuple):
+    """Where a rank's piece of a tensor lies in the global tensor: the global shape and the
+    piece's offset along each dimension (its sizes are the piece's own shape)."""
+
+    shape: tuple[int, ...]
+    offsets: tuple[int, ...]
+
+    @classmethod
+    def whole(cls, tensor: torch.Tensor) -> Box:
+        return cls(tuple(tensor.shape), (0,) * tensor.dim())
+
+
+def rank_marker_key(run_id: str, step: int, rank: int) -> str:
+    """One rank's upload marker for ``step``: its blobs, protected from GC until the commit."""
+    return f"{run_id}/uploads/{fmt.check_step(step)}.r{rank}.json"
+
+
+def write_part(store: Store, run_id: str, step: int, rank: int,
+               tensors: dict[str, torch.Tensor], boxes: Mapping[str, Box], *,
+               world_size: int, launch: str | None = None,
+               policy: RetryPolicy = DEFAULT_RETRY) -> dict:
+    """Write this rank's blobs of ``step`` into ``store`` and then its part report; return
+    the report. ``tensors`` are contiguous host tensors, ``boxes`` their places."""
+    missing = [name for name in tensors if name not in boxes]
+    if missing:
+        raise SnapshotError(f"rank {rank} has no box for tensor {missing[0]!r}")
+    blobs = layout_blobs(tensors)
+    payloads = [blob.payload(tensors) for blob in blobs]
+    infos = _hash(payloads)
+    digests = [digest for digest, _ in infos]
+    retry(lambda: store.put(rank_marker_key(run_id, step, rank), fmt.encode_marker(digests)),
+          policy)
+    killpoints.hit("shard.marker-written")
+    payload_of = dict(zip(digests, payloads, strict=True))
+    _each(lambda digest: _land(store, run_id, digest, payload_of[digest], policy),
+          sorted(payload_of, key=lambda d: len(payload_of[d]), reverse=True))
+    killpoints.hit("shard.blobs-written")
+    entries: dict[str, dict] = {}
+    for blob, (digest, _) in zip(blobs, infos, strict=True):
+        for name, offset in zip(blob.names, blob.offsets, strict=True):
+            entries[name] = _shard_entry(tensors[name], boxes[name], digest, offset)
+    report = {"format": fmt.SHARDED_FORMAT_VERSION, "run_id": run_id, "step": step,
+              "rank": rank, "world_size": world_size, "launch": launch,
+              "blobs": dict(infos), "tensors": entries}
+    retry(lambda: store.put(fmt.part_key(run_id, step, rank), _encode(report)), policy)
+    killpoints.hit("shard.part-written")
+    return report
+
+
+def _hash(payloads: list[memoryview]) -> list[tuple[str, dict]]:
+    """(digest, blob record) per payload; hashlib releases the GIL, so big parts use threads."""
+    def info(data: memoryview) -> tuple[str, dict]:
+        return fmt.sha256(data), fmt.blob_info(data)
+
+    if sum(p.nbytes for p in payloads) < _POOL_BYTES:
+        return [info(p) for p in payloads]
+    with ThreadPoolExecutor(_WORKERS, thread_name_prefix="burst-hash") as pool:
+        return list(pool.map(info, payloads))
+
+
+def _land(store: Store, run_id: str, digest: str, data: memoryview,
+          policy: RetryPolicy) -> None:
+    """Write one blob unless the store has it already; check the size it landed with."""
+    key = fmt.blob_key(run_id, digest)
+    if retry(lambda: store.size(key), policy) == data.nbytes:
+        return
+    killpoints.hit("shard.blob")
+    retry(lambda: store.put(key, data), policy)
+    landed = retry(lambda: store.size(key), policy)
+    if landed != data.nbytes:
+        raise SnapshotError(f"blob {digest[:12]} landed in {store.url} as {landed} bytes, "
+                            f"wrote {data.nbytes}")
+
+
+def _each(fn: Any, items: list[str]) -> None:
+    """Run ``fn`` over ``items`` on a few threads; the first failure is raised."""
+    if len(items) <= 1:
+        for item in items:
+            fn(item)
+        return
+    with ThreadPoolExecutor(min(_WORKERS, len(items)), thread_name_prefix="burst-part") as pool:
+        for future in [pool.submit(fn, item) for item in items]:
+            future.result()
+
+
+def _shard_entry(tensor: torch.Tensor, box: Box, digest: str, offset: int) -> dict:
+    sizes = list(tensor.shape)
+    if len(box.shape) != len(sizes) or len(box.offsets) != len(sizes):
+        raise SnapshotError(f"a box of {len(box.shape)} dimensions for a tensor of {len(sizes)}")
+    shard = {"offsets": list(box.offsets), "sizes": sizes, "blob": digest, "offset": offset,
+             "nbytes": tensor.numel() * tensor.element_size()}
+    return {"dtype": dtype_name(tensor.dtype), "shape": list(box.shape), "shards": [shard]}
+
+
+def _encode(value: dict) -> bytes:
+    return json.dumps(value, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
+
+
+# -- rank 0: waiting for the parts, merging, committing -----------------------------------------
+
+
+@dataclass
+class _Waiting:
+    """What rank 0 knows of a step's parts while it waits for them."""
+
+    store: Store
+    run_id: str
+    step: int
+    world_size: int
+    launch: str | None
+    policy: RetryPolicy
+    reports: dict[int, dict] = field(default_factory=dict)  # rank -> its report
+
+    def poll(self) -> bool | None:
+        """True when every rank reported, None when a rank skipped the step, else False."""
+        keys = retry(lambda: self.store.list(f"{self.run_id}/parts/"), self.policy)
+        parts = _parts_by_step(keys, self.run_id)
+        for rank in sorted(parts.get(self.step, set()) - self.reports.keys()):
+            report = self._read(self.step, rank)
+            if report is not None:
+                self.reports[rank] = report
+        missing = set(range(self.world_size)) - self.reports.keys()
+        if not missing:
+            return True
+        for newer in sorted(s for s in parts if s > self.step):
+            for rank in sorted(parts[newer] & missing):
+                if self._read(newer, rank) is not None:
+                    return None  # that rank coalesced this step into a newer one
+        return False
+
+    def _read(self, step: int, rank: int) -> dict | None:
+        """A rank's report, or None when it belongs to another launch (or just vanished)."""
+        try:
+            data = retry(lambda: self.store.get(fmt.part_key(self.run_id, step, rank)),
+                         self.policy)
+        except KeyError:
+            return None
+        report = _parse_report(data, self.run_id, step, rank)
+        if self.launch is not None and report.get("launch") != self.launch:
+            return None
+        if report.get("world_size") != self.world_size:
+            raise SnapshotError(f"rank {rank} reported step {step} for a world of "
+                                f"{report.get('world_size')} ranks, not {self.world_size}")
+        return report
+
+    def missing(self) -> list[int]:
+        return sorted(set(range(self.world_size)) - self.reports.keys())
+
+
+def commit_parts(store: Store, run_id: str, step: int, world_size: int, *, tree: dict,
+                 meta: Mapping[str, Any], stamp: Mapping[str, Any] | None = None,
+                 launch: str | None = None, timeout: float = 300.0, poll: float = 0.05,
+                 policy: RetryPolicy = DEFAULT_RETRY) -> dict | None:
+    """On rank 0: wait for every rank's part of ``step``, merge them into a format 2
+    manifest (``tree`` and ``meta`` are rank 0's, ``stamp`` the lineage fields) and commit
+    it; return the manifest. None (nothing committed) when a rank skipped the step;
+    :class:`SnapshotError` when a rank has not reported within ``timeout`` seconds."""
+    waiting = _Waiting(store, run_id, step, world_size, launch, policy)
+    deadline = time.monotonic() + timeout
+    delay = poll
+    while True:
+        done = waiting.poll()
+        if done is None:
+            _clean(store, run_id, step, policy, only=True)
+            return None
+        if done:
+            break
+        if time.monotonic() >= deadline:
+            raise SnapshotError(f"the snapshot of step {step} is incomplete: rank(s) "
+                                f"{', '.join(map(str, waiting.missing()))} did not report "
+                                f"their part within {timeout:.0f}s")
+        time.sleep(delay)
+        delay = min(delay * 2, _POLL_MAX)
+    killpoints.hit("shard-commit.parts-read")
+    tensors, blobs, owner = merge(waiting.reports, world_size)
+    _check_tree(tree, tensors, step)
+    manifest = {**meta, **(stamp or {}), "format": fmt.SHARDED_FORMAT_VERSION, "run_id": run_id,
+                "step": step, "state": tree, "tensors": tensors, "blobs": blobs}
+    data = fmt.encode_manifest(manifest)
+    fmt.parse_manifest(data, run_id=run_id, step=step, source=f"merged manifest of step {step}")
+
+    def land(digest: str, _size: int) -> None:
+        raise SnapshotError(f"blob {digest[:12]} that rank {owner[digest]} wrote for step "
+                            f"{step} is missing from {store.url}")
+
+    try:
+        commit(store, run_id, step, data, {d: info["size"] for d, info in blobs.items()}, land,
+               overwrite=True, points="shard-commit", policy=policy)
+    except SnapshotError:
+        _withdraw(store, run_id, step, data, policy)
+        raise
+    _clean(store, run_id, step, policy)
+    killpoints.hit("shard-commit.parts-deleted")
+    return manifest
+
+
+def _parse_report(data: bytes, run_id: str, step: int, rank: int) -> dict:
+    try:
+        report = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise SnapshotError(f"rank {rank}'s part of step {step} is not valid JSON") from None
+    if (not isinstance(report, dict) or report.get("run_id") != run_id
+            or report.get("step") != step or report.get("rank") != rank
+            or not isinstance(report.get("blobs"), dict)
+            or not isinstance(report.get("tensors"), dict)):
+        raise SnapshotError(f"rank {rank}'s part of step {step} is malformed")
+    return report
+
+
+def merge(reports: Mapping[int, dict], world_size: int
+          ) -> tuple[dict[str, dict], dict[str, dict], dict[str, int]]:
+    """The ranks' parts as a manifest's ``tensors`` and ``blobs``, and the rank that wrote
+    each blob. A tensor one rank wrote whole becomes a whole (format 1) entry."""
+    blobs: dict[str, dict] = {}
+    owner: dict[str, int] = {}
+    tensors: dict[str, dict] = {}
+    for rank in range(world_size):
+        try:
+            _merge_one(rank, reports[rank], tensors, blobs, owner)
+        except (KeyError, TypeError, AttributeError):
+            raise SnapshotError(f"rank {rank}'s part report is malformed") from None
+    return {name: _final(name, entry) for name, entry in sorted(tensors.items())}, blobs, owner
+
+
+def _merge_one(rank: int, report: dict, tensors: dict[str, dict], blobs: dict[str, dict],
+               owner: dict[str, int]) -> None:
+    for digest, info in report["blobs"].items():
+        if digest in blobs and blobs[digest]["size"] != info.get("size"):
+            raise SnapshotError(f"ranks {owner[digest]} and {rank} give blob {digest[:12]} "
+                                "different sizes")
+        blobs.setdefault(digest, info)
+        owner.setdefault(digest, rank)
+    for name, entry in report["tensors"].items():
+        merged = tensors.setdefault(name, {"dtype": entry["dtype"], "shape": entry["shape"],
+                                           "shards": []})
+        if (merged["dtype"], merged["shape"]) != (entry["dtype"], entry["shape"]):
+            raise SnapshotError(f"rank {rank} wrote tensor {name!r} as {entry['dtype']} "
+                                f"{entry['shape']}, another rank as {merged['dtype']} "
+                                f"{merged['shape']}")
+        merged["shards"].extend(entry["shards"])
+
+
+def _final(name: str, entry: dict) -> dict:
+    """Check the shards cover the tensor exactly; one full shard becomes a whole entry."""
+    shape = entry["shape"]
+    shards = sorted(entry["shards"], key=lambda s: s["offsets"])
+    volume = sum(math.prod(s["sizes"]) for s in shards)
+    if volume != math.prod(shape):
+        raise SnapshotError(f"the ranks' parts hold {volume} elements of tensor {name!r}, "
+                            f"its shape {shape} has {math.prod(shape)}")
+    if len(shards) == 1 and shards[0]["sizes"] == shape:
+        shard = shards[0]
+        return {"blob": shard["blob"], "offset": shard["offset"], "nbytes": shard["nbytes"],
+                "dtype": entry["dtype"], "shape": shape}
+    return {**entry, "shards": shards}
+
+
+def _check_tree(tree: dict, tensors: dict[str, dict], step: int) -> None:
+    """Every tensor the state tree names is in the parts, and nothing else is."""
+    named = set(tree_mod.tensor_names(tree))
+    lacking = sorted(named - tensors.keys())
+    if lacking:
+        raise SnapshotError(f"no rank wrote tensor {lacking[0]!r} of step {step}")
+    extra = sorted(tensors.keys() - named)
+    if extra:
+        raise SnapshotError(f"a rank wrote tensor {extra[0]!r} of step {step}, which the "
+                            "state does not name")
+
+
+def _withdraw(store: Store, run_id: str, step: int, data: bytes, policy: RetryPolicy) -> None:
+    """Take back a manifest of ours that a failed commit left visible (a blob a GC removed
+    after the manifest landed cannot be written again by rank 0)."""
+    key = fmt.manifest_key(run_id, step)
+    try:
+        if retry(lambda: store.get(key), policy) == data:
+            retry(lambda: store.delete(key), policy)
+    except KeyError:
+        pass
+
+
+def _clean(store: Store, run_id: str, step: int, policy: RetryPolicy, *,
+           only: bool = False) -> None:
+    """Delete the parts and rank markers of ``step`` (``only``) or of it and every older
+    step: no rank still writes those, since every rank reported this one."""
+    def done(other: int) -> bool:
+        return other == step if only else other <= step
+
+    keys = retry(lambda: store.list(f"{run_id}/parts/"), policy)
+    doomed = [f"{run_id}/parts/{m.group(0)}" for m in _matches(keys, f"{run_id}/parts/", _PART)
+              if done(int(m.group(1)))]
+    uploads = retry(lambda: store.list(f"{run_id}/uploads/"), policy)
+    doomed += [f"{run_id}/uploads/{m.group(0)}"
+               for m in _matches(uploads, f"{run_id}/uploads/", _RANK_MARKER)
+               if done(int(m.group(1)))]
+    for key in doomed:
+        retry(lambda k=key: store.delete(k), policy)
+
+
+def _matches(keys: list[str], prefix: str, pattern: re.Pattern) -> list[re.Match]:
+    found = (pattern.fullmatch(key[len(prefix):]) for key in keys if key.startswith(prefix))
+    return [m for m in found if m is not None]
+
+
+def _parts_by_step(keys: list[str], run_id: str) -> dict[int, set[int]]:
+    """Listing of ``<run>/parts/`` -> {step: ranks that reported it}."""
+    parts: dict[int, set[int]] = {}
+    for match in _matches(keys, f"{run_id}/parts/", _PART):
+        parts.setdefault(int(match.group(1)), set()).add(int(match.group(2)))
+    return parts
