@@ -108,21 +108,25 @@ def workloads() -> list[Workload]:
                      accumulation=4, workers=2, epochs=3, seeded=True)]
 
 
-def _fresh(workload: Workload) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+def fresh(workload: Workload) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = workload.model()
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def plain_loop(workload: Workload, _workdir: Path) -> list[float]:
-    """The loop without burst; returns the time at each optimizer step's end."""
-    model, optimizer = _fresh(workload)
+def plain_loop(workload: Workload, _workdir: Path, seconds: float | None = None) -> list[float]:
+    """The loop without burst; returns the time at each optimizer step's end. With
+    ``seconds``, whole epochs until that much time has passed (``bench_adaptive``)."""
+    model, optimizer = fresh(workload)
     sampler = RandomSampler(workload.data, generator=torch.Generator().manual_seed(0))
     loader = DataLoader(workload.data, batch_size=workload.micro, sampler=sampler,
                         num_workers=workload.workers, drop_last=True,
                         persistent_workers=workload.workers > 0)
     marks = [time.perf_counter()]
-    for _epoch in range(workload.epochs):
+    epochs = range(workload.epochs) if seconds is None else itertools.count()
+    for _epoch in epochs:
+        if seconds is not None and marks[-1] - marks[0] >= seconds:
+            break
         batches = iter(loader)
         for _step in range(workload.steps_per_epoch):
             for _ in range(workload.accumulation):
@@ -140,7 +144,7 @@ CHOSEN: dict[str, dict[str, Any]] = {}  # the intervals the default run chose, b
 
 def burst_loop(workload: Workload, workdir: Path, **run_options: Any) -> list[float]:
     """The README's loop; returns the time at each optimizer step's end (close included)."""
-    model, optimizer = _fresh(workload)
+    model, optimizer = fresh(workload)
     data = burst.SeededDataset(workload.data, seed=0) if workload.seeded else workload.data
     marks = [time.perf_counter()]
     run = burst.Run(workdir.name, store=str(workdir / "store"),
