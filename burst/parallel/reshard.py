@@ -6,14 +6,15 @@ how state is cut: N ranks of FSDP2 restore into M ranks, into DDP, or into one p
 
 For a sharded live model (DTensor parameters) each rank reads only its own box of every
 sharded tensor (:func:`burst.snapshot.shards.read_region`) and wraps it as a DTensor
-placed like the live one, ready for DCP's ``set_state_dict(full_state_dict=False)``.
+placed like the live one, loaded by the modules' and optimizer's own ``load_state_dict``
+(:func:`burst.parallel.sharded.load`).
 Optimizer state follows its parameter: a state tensor with the parameter's global shape
 is cut like the parameter; anything else (a step counter) is read whole, as is
 everything that is not sharded (buffers, scheduler, scaler, generators, extra). A model
 that is not sharded (one process, DDP) reads every tensor whole.
 
 Memory: a sharded rank holds its own boxes (as big as its live shards: the decoded state
-exists beside the live one until DCP copies it in) plus staging, never a full sharded
+exists beside the live one until it is copied in) plus staging, never a full sharded
 tensor of format 2. Staging (:mod:`burst.snapshot.shards`): the row spans of the shards
 one region meets (at most ``shards.WORKERS`` at once, each at most one shard's bytes plus
 two ``CHUNK_BYTES`` of widening for verification), plus its cache of whole blobs without

@@ -90,20 +90,7 @@ def newest_intact(store: Store, run_id: str, log: Callable[[str], None]) -> dict
     ``log`` (a warning and an event, where a run resumes), never silently. If no snapshot
     is intact, the newest one's failure is raised: starting over would lose the run.
     """
-    steps = list_steps(store, run_id)
-    failures: list[str] = []
-    for index, step in enumerate(reversed(steps)):
-        try:
-            return verify(store, run_id, step)
-        except SnapshotError as exc:
-            failures.append(f"step {step}: {exc}")
-            if index + 1 < len(steps):
-                log(f"snapshot {run_id}@{step} is unusable ({exc}); falling back to step "
-                    f"{steps[-index - 2]}")
-    if not failures:
-        return None
-    raise SnapshotError(f"no snapshot of run {run_id!r} in {store.url} is intact; newest "
-                        f"failure: {failures[0]}")
+    return _newest(store, run_id, log, verify, "intact")
 
 
 def is_sharded(manifest: dict) -> bool:
@@ -120,11 +107,17 @@ def newest_complete(store: Store, run_id: str, log: Callable[[str], None]) -> di
     every blob here would have one rank download the whole state, which is what sharding
     avoids. Each rank checks the hashes of the bytes it reads instead
     (:mod:`burst.snapshot.shards`), so a corrupt shard still never loads."""
+    return _newest(store, run_id, log, _complete, "complete")
+
+
+def _newest(store: Store, run_id: str, log: Callable[[str], None],
+            check: Callable[[Store, str, int], dict], usable: str) -> dict | None:
+    """The newest step ``check`` accepts, each newer one it refuses told to ``log``."""
     steps = list_steps(store, run_id)
     failures: list[str] = []
     for index, step in enumerate(reversed(steps)):
         try:
-            return _complete(store, run_id, step)
+            return check(store, run_id, step)
         except SnapshotError as exc:
             failures.append(f"step {step}: {exc}")
             if index + 1 < len(steps):
@@ -132,7 +125,7 @@ def newest_complete(store: Store, run_id: str, log: Callable[[str], None]) -> di
                     f"{steps[-index - 2]}")
     if not failures:
         return None
-    raise SnapshotError(f"no snapshot of run {run_id!r} in {store.url} is complete; newest "
+    raise SnapshotError(f"no snapshot of run {run_id!r} in {store.url} is {usable}; newest "
                         f"failure: {failures[0]}")
 
 

@@ -173,39 +173,36 @@ class SFTPStore:
         return bytes(buffer)
 
     def read_into(self, key: str, buffer: memoryview) -> int:
-        with self._errors(f"reading {key}"):
-            try:
-                f = self._ftp().open(self._path(key), "rb")
-            except FileNotFoundError:
-                raise KeyError(key) from None
-            with f:
-                size = f.stat().st_size
-                wanted = min(size, len(buffer))
-                f.prefetch(wanted)
-                filled = 0
-                while filled < wanted:
-                    chunk = f.read(min(4 << 20, wanted - filled))
-                    if not chunk:
-                        raise TransientStoreError(f"{self.url}: {key} ended early while reading")
-                    buffer[filled : filled + len(chunk)] = chunk
-                    filled += len(chunk)
-            return size
+        with self._errors(f"reading {key}"), self._open(key) as f:
+            size = f.stat().st_size
+            wanted = min(size, len(buffer))
+            f.prefetch(wanted)
+            filled = 0
+            while filled < wanted:
+                chunk = f.read(min(4 << 20, wanted - filled))
+                if not chunk:
+                    raise TransientStoreError(f"{self.url}: {key} ended early while reading")
+                buffer[filled : filled + len(chunk)] = chunk
+                filled += len(chunk)
+        return size
 
     def read_range(self, key: str, start: int, length: int) -> bytes:
         """One ``readv`` of the range: paramiko pipelines its requests, like a prefetch."""
-        with self._errors(f"reading {key}"):
-            try:
-                f = self._ftp().open(self._path(key), "rb")
-            except FileNotFoundError:
-                raise KeyError(key) from None
-            with f:
-                check_range(self.url, key, start, length, f.stat().st_size)
-                if not length:
-                    return b""
-                data = next(iter(f.readv([(start, length)])))
-            if len(data) != length:
-                raise TransientStoreError(f"{self.url}: {key} ended early while reading")
-            return data
+        with self._errors(f"reading {key}"), self._open(key) as f:
+            check_range(self.url, key, start, length, f.stat().st_size)
+            if not length:
+                return b""
+            data = next(iter(f.readv([(start, length)])))
+        if len(data) != length:
+            raise TransientStoreError(f"{self.url}: {key} ended early while reading")
+        return data
+
+    def _open(self, key: str) -> Any:
+        """The object's remote file, opened for reading; KeyError when there is none."""
+        try:
+            return self._ftp().open(self._path(key), "rb")
+        except FileNotFoundError:
+            raise KeyError(key) from None
 
     def size(self, key: str) -> int | None:
         with self._errors(f"checking {key}"):

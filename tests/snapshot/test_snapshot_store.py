@@ -130,3 +130,33 @@ def test_reading_another_runs_manifest_is_refused(tmp_path):
 def test_unsafe_keys_are_refused(tmp_path, key):
     with pytest.raises(SnapshotError, match="unsafe"):
         LocalStore(tmp_path).put(key, b"x")
+
+
+def _two_snapshots_the_newer_cut_short(tmp_path) -> LocalStore:
+    store = LocalStore(tmp_path)
+    tiers.write_snapshot(store, "r", captured(1, w=torch.zeros(fmt.PACK_THRESHOLD // 4 + 1)))
+    tiers.write_snapshot(store, "r", captured(2, w=torch.ones(fmt.PACK_THRESHOLD // 4 + 1)))
+    newer = reader.read_manifest(store, "r", 2)
+    digest = newer["tensors"]["w"]["blob"]
+    store.put(fmt.blob_key("r", digest), b"short")
+    return store
+
+
+def test_the_newest_complete_snapshot_skips_a_newer_one_with_a_blob_cut_short(tmp_path):
+    said: list[str] = []
+    newest = reader.newest_complete(_two_snapshots_the_newer_cut_short(tmp_path), "r",
+                                    said.append)
+    assert newest["step"] == 1
+    assert "falling back to step 1" in said[0] and "bytes" in said[0]
+
+
+def test_the_newest_complete_snapshot_checks_sizes_not_hashes(tmp_path):
+    store = LocalStore(tmp_path)
+    tiers.write_snapshot(store, "r", captured(1, w=torch.ones(8)))
+    manifest = reader.read_manifest(store, "r", 1)
+    digest = next(iter(manifest["blobs"]))
+    key = fmt.blob_key("r", digest)
+    store.put(key, bytes(len(store.get(key))))  # same size, other bytes: a read finds it
+    assert reader.newest_complete(store, "r", print)["step"] == 1
+    with pytest.raises(SnapshotError, match="corrupt"):
+        reader.verify(store, "r", 1)

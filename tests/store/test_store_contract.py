@@ -9,7 +9,7 @@ import uuid
 import pytest
 import torch
 
-from burst.errors import SnapshotError
+from burst.errors import SnapshotError, StoreError
 from burst.snapshot import reader
 from burst.snapshot import tiers as snapshot
 from burst.snapshot.tensors import load_tensors
@@ -119,3 +119,38 @@ def test_a_snapshot_written_into_the_store_loads_back_verified(store):
     assert reader.list_steps(store, "run") == [3]
     loaded = load_tensors(store, reader.read_manifest(store, "run"))
     assert all(torch.equal(loaded[k], v) for k, v in tensors.items())
+
+
+# -- ranged reads (a sharded snapshot's ranks read only their own bytes) --------------
+
+
+def test_a_range_reads_exactly_the_bytes_it_names(store):
+    data = os.urandom(100_000)
+    store.put("run/blob", data)
+    for start, length in ((0, 100_000), (0, 1), (99_999, 1), (12_345, 54_321), (500, 0),
+                          (100_000, 0)):
+        assert bytes(store.read_range("run/blob", start, length)) == data[start:start + length]
+
+
+def test_a_range_of_a_missing_object_is_a_key_error(store):
+    with pytest.raises(KeyError):
+        store.read_range("run/missing", 0, 10)
+
+
+def test_a_range_past_the_objects_end_is_a_store_error(store):
+    store.put("run/short", b"0123456789")
+    with pytest.raises(StoreError):
+        store.read_range("run/short", 5, 6)
+    with pytest.raises(StoreError):
+        store.read_range("run/short", 11, 0)
+
+
+def test_a_long_s3_range_comes_back_whole_from_parallel_parts(moto_s3, monkeypatch):
+    aws_env(monkeypatch)
+    s3 = open_store(moto_s3.url(), **moto_s3.options())
+    s3.get_part_size = 4096  # a 50 kB range goes in 13 ranged GETs
+    data = os.urandom(60_000)
+    s3.put("run/blob", data)
+    assert bytes(s3.read_range("run/blob", 7, 50_000)) == data[7:50_007]
+    with pytest.raises(StoreError):
+        s3.read_range("run/blob", 20_000, 40_001)
