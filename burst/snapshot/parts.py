@@ -18,8 +18,9 @@ manifest (:func:`commit_parts`), committed by :func:`burst.snapshot.commit.commi
 any other snapshot: the manifest is written last, so the snapshot is complete or invisible.
 A rank that dies mid-way leaves no report; rank 0 waits until ``timeout`` and gives up,
 and the previous snapshot stays the newest. The parts and markers of a committed step are
-deleted afterwards (a crash before that leaves them; they are small, and a later commit
-deletes every part of its step and older ones).
+deleted by the next commit of a later step (a step persisted again, such as the final
+snapshot at the step of a periodic one, finds its parts still there; a crash leaves them;
+they are small).
 
 Each rank's persister coalesces queued snapshots on its own, so a rank may skip a step
 another rank wrote. A rank that reported a newer step but not this one has skipped it, so
@@ -345,10 +346,16 @@ def _withdraw(store: Store, run_id: str, step: int, data: bytes, policy: RetryPo
 
 def _clean(store: Store, run_id: str, step: int, policy: RetryPolicy, *,
            only: bool = False) -> None:
-    """Delete the parts and rank markers of ``step`` (``only``) or of it and every older
-    step: no rank still writes those, since every rank reported this one."""
+    """Delete the parts and rank markers of ``step`` (``only``: a step given up) or of
+    every step before it (after committing ``step``: no rank still writes an older one,
+    since every rank reported this one).
+
+    A committed step's own parts stay until a later commit: a step can be persisted
+    again (the final snapshot at the step of a periodic one), and a rank that already
+    rewrote its part of it must not see that part deleted under it, or rank 0 would wait
+    for it in vain. Both parts of a step hold the same state."""
     def done(other: int) -> bool:
-        return other == step if only else other <= step
+        return other == step if only else other < step
 
     keys = retry(lambda: store.list(f"{run_id}/parts/"), policy)
     doomed = [f"{run_id}/parts/{m.group(0)}" for m in _matches(keys, f"{run_id}/parts/", _PART)

@@ -79,7 +79,25 @@ def test_merged_parts_commit_a_manifest_that_reads_back_whole(s3):
     assert len(stored["tensors"]["state/model/w"]["shards"]) == 2
     for name, tensor in full_state(5).items():
         assert torch.equal(shards.read_whole(s3, stored, name), tensor), name
-    assert s3.list(f"{RUN}/parts/") == [] and s3.list(f"{RUN}/uploads/") == []
+
+
+def test_a_commit_deletes_the_parts_and_markers_of_older_steps_and_keeps_its_own(s3):
+    snapshot(s3, 5)
+    snapshot(s3, 6)
+    assert s3.list(f"{RUN}/parts/") == [fmt.part_key(RUN, 6, 0), fmt.part_key(RUN, 6, 1)]
+    assert all(".r" in key and "000000000006" in key for key in s3.list(f"{RUN}/uploads/"))
+
+
+def test_a_step_persisted_again_after_the_other_rank_rewrote_its_part_commits(s3):
+    """The final snapshot at the step of a periodic one: rank 1 rewrites its part while
+    rank 0 is still committing the first; rank 0's second commit finds it."""
+    write(s3, 5, 1)  # the periodic snapshot of step 5
+    write(s3, 5, 0)
+    write(s3, 5, 1)  # rank 1 is done with it and writes the final one before rank 0 commits
+    commit_parts(s3, RUN, 5, 2, tree=TREE, meta={"reason": "periodic"}, timeout=5)
+    write(s3, 5, 0)
+    manifest = commit_parts(s3, RUN, 5, 2, tree=TREE, meta={"reason": "final"}, timeout=5)
+    assert manifest is not None and reader.read_manifest(s3, RUN, 5)["reason"] == "final"
 
 
 def test_blobs_over_one_chunk_carry_chunk_hashes(s3):
