@@ -84,7 +84,7 @@ def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str,
         if on_blob is not None:
             on_blob(blobs[digest], not present)
 
-    _each(write, sorted(blobs, key=blobs.__getitem__, reverse=True))
+    each_blob(write, sorted(blobs, key=blobs.__getitem__, reverse=True))
     killpoints.hit(f"{points}.blobs-written")
     try:
         lineage.check(dst, run_id, manifest, publishing=not overwrite, policy=policy)
@@ -106,7 +106,7 @@ def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str,
             if on_blob is not None:
                 on_blob(blobs[digest], True)
 
-    _each(repair, list(blobs))
+    each_blob(repair, list(blobs))
     retry(lambda: dst.delete(marker), policy)
     killpoints.hit(f"{points}.marker-deleted")
     return written
@@ -144,8 +144,9 @@ def _land(dst: Store, run_id: str, digest: str, size: int, land: Land, points: s
                             f"wrote {size}")
 
 
-def _each(fn: Callable[[str], None], items: list[str]) -> None:
-    """Run ``fn`` over ``items`` on a few threads; the first failure is raised."""
+def each_blob(fn: Callable[[str], None], items: list[str]) -> None:
+    """Run ``fn`` over ``items`` (blob digests) on a few threads; the first failure is
+    raised. Every writer of blobs lands them this way (a sharded snapshot's parts too)."""
     if len(items) <= 1:
         for item in items:
             fn(item)

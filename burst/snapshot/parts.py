@@ -51,7 +51,7 @@ import torch
 from burst import killpoints
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
-from burst.snapshot.commit import commit
+from burst.snapshot.commit import commit, each_blob
 from burst.snapshot.tensors import dtype_name, layout_blobs
 from burst.state import tree as tree_mod
 from burst.store.base import Store
@@ -98,7 +98,7 @@ def write_part(store: Store, run_id: str, step: int, rank: int,
           policy)
     killpoints.hit("shard.marker-written")
     payload_of = dict(zip(digests, payloads, strict=True))
-    _each(lambda digest: _land(store, run_id, digest, payload_of[digest], policy),
+    each_blob(lambda digest: _land(store, run_id, digest, payload_of[digest], policy),
           sorted(payload_of, key=lambda d: len(payload_of[d]), reverse=True))
     killpoints.hit("shard.blobs-written")
     entries: dict[str, dict] = {}
@@ -136,17 +136,6 @@ def _land(store: Store, run_id: str, digest: str, data: memoryview,
     if landed != data.nbytes:
         raise SnapshotError(f"blob {digest[:12]} landed in {store.url} as {landed} bytes, "
                             f"wrote {data.nbytes}")
-
-
-def _each(fn: Any, items: list[str]) -> None:
-    """Run ``fn`` over ``items`` on a few threads; the first failure is raised."""
-    if len(items) <= 1:
-        for item in items:
-            fn(item)
-        return
-    with ThreadPoolExecutor(min(_WORKERS, len(items)), thread_name_prefix="burst-part") as pool:
-        for future in [pool.submit(fn, item) for item in items]:
-            future.result()
 
 
 def _shard_entry(tensor: torch.Tensor, box: Box, digest: str, offset: int) -> dict:
