@@ -3,14 +3,20 @@
 Each workload is trained the plain way (a DataLoader over a seeded ``RandomSampler``,
 gradient accumulation by hand) and the README's way (``burst.Run`` + ``ResumableSampler``
 + ``run.steps``), with the same model, data, micro-batch, accumulation and workers, in
-the same process, interleaved round by round so that a noisy neighbour hits both alike.
-Figures (ratios against the plain loop, per round, then the median):
+the same process. Figures (ratios against the plain loop, per round, then the median):
 
-- steady: mean time per optimizer step after the first epoch (periodic costs such as the
-  RAM shadow copy and the background persist are included, not hidden by a median);
+- steady: mean time per optimizer step after the first epoch, with burst's default
+  intervals (periodic costs such as the RAM shadow copy are included, not hidden by a
+  median). The two loops run in *lockstep*: one optimizer step of each in turn, so a
+  noisy neighbour or a slower moment of the machine lands on both alike, step by step.
+  Whole runs taken one after the other differ by 10-30% on this machine from one second
+  to the next, far more than a 2% target on a millisecond step can be read through;
 - whole: wall time of the whole run, from building the loader to ``run.close()``;
 - every-step: steady state with a snapshot persisted at every optimizer step.
 
+``whole`` and ``every-step`` come from whole runs one after the other, the order
+rotating by round: a loop that persists every step keeps a background writer busy that
+in lockstep would land on the baseline's steps too.
 The README loop runs with burst's defaults, so its intervals are the ones burst chose
 from measured costs (printed too). The machine's noise shows in the min-max spread of
 the per-round ratios: compare medians over several ``--rounds``.
@@ -114,18 +120,18 @@ def fresh(workload: Workload) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3)
 
 
-def plain_loop(workload: Workload, _workdir: Path, seconds: float | None = None) -> list[float]:
-    """The loop without burst; returns the time at each optimizer step's end. With
-    ``seconds``, whole epochs until that much time has passed (``bench_adaptive``)."""
+def plain_steps(workload: Workload, seconds: float | None = None) -> Iterator[None]:
+    """The loop without burst, pausing after each optimizer step. With ``seconds``, whole
+    epochs until that much time has passed (``bench_adaptive``)."""
     model, optimizer = fresh(workload)
     sampler = RandomSampler(workload.data, generator=torch.Generator().manual_seed(0))
     loader = DataLoader(workload.data, batch_size=workload.micro, sampler=sampler,
                         num_workers=workload.workers, drop_last=True,
                         persistent_workers=workload.workers > 0)
-    marks = [time.perf_counter()]
+    start = time.perf_counter()
     epochs = range(workload.epochs) if seconds is None else itertools.count()
     for _epoch in epochs:
-        if seconds is not None and marks[-1] - marks[0] >= seconds:
+        if seconds is not None and time.perf_counter() - start >= seconds:
             break
         batches = iter(loader)
         for _step in range(workload.steps_per_epoch):
@@ -135,18 +141,17 @@ def plain_loop(workload: Workload, _workdir: Path, seconds: float | None = None)
                 (loss / workload.accumulation).backward()
             optimizer.step()
             optimizer.zero_grad()
-            marks.append(time.perf_counter())
-    return marks
+            yield
 
 
 CHOSEN: dict[str, dict[str, Any]] = {}  # the intervals the default run chose, by workload
 
 
-def burst_loop(workload: Workload, workdir: Path, **run_options: Any) -> list[float]:
-    """The README's loop; returns the time at each optimizer step's end (close included)."""
+def burst_steps(workload: Workload, workdir: Path, **run_options: Any) -> Iterator[None]:
+    """The README's loop, pausing after each optimizer step; ``run.close()`` runs after
+    the last pause."""
     model, optimizer = fresh(workload)
     data = burst.SeededDataset(workload.data, seed=0) if workload.seeded else workload.data
-    marks = [time.perf_counter()]
     run = burst.Run(workdir.name, store=str(workdir / "store"),
                     global_batch=workload.micro * workload.accumulation,
                     micro_batch=workload.micro, **run_options)
@@ -161,54 +166,85 @@ def burst_loop(workload: Workload, workdir: Path, **run_options: Any) -> list[fl
                 (loss * step.weight(len(x))).backward()
             optimizer.step()
             optimizer.zero_grad()
-            marks.append(time.perf_counter())
+            yield
     if not run_options:
         CHOSEN[workload.name] = run.intervals().as_dict()
     run.close()
+
+
+def marks_of(steps: Iterator[None]) -> list[float]:
+    """Run a loop to its end: the time at its start and at each optimizer step's end,
+    then at its very end (``run.close()`` included)."""
+    marks = [time.perf_counter()]
+    for _ in steps:
+        marks.append(time.perf_counter())
     marks.append(time.perf_counter())
     return marks
 
 
-def steady(marks: list[float], workload: Workload) -> float:
-    """Mean time per step after the first epoch (close excluded)."""
-    steps = [b - a for a, b in itertools.pairwise(marks)][:workload.steps_per_epoch
-                                                          * workload.epochs]
-    return statistics.fmean(steps[workload.steps_per_epoch:])
+def plain_loop(workload: Workload, _workdir: Path, seconds: float | None = None) -> list[float]:
+    return marks_of(plain_steps(workload, seconds))
 
 
-VARIANTS: dict[str, Callable[[Workload, Path], list[float]]] = {
-    "plain": plain_loop,
-    "burst": burst_loop,
-    "every-step": lambda w, d: burst_loop(w, d, shadow_every=1, persist_every=1,
-                                          persist_seconds=None),
+VARIANTS: dict[str, Callable[[Workload, Path], Iterator[None]]] = {
+    "plain": lambda w, _d: plain_steps(w),
+    "burst": burst_steps,
+    "every-step": lambda w, d: burst_steps(w, d, shadow_every=1, persist_every=1,
+                                           persist_seconds=None),
 }
 
 
-def rounds(workload: Workload, count: int, root: Path) -> Iterator[dict[str, list[float]]]:
-    """Each round runs every variant once, in an order that rotates between rounds."""
-    names = list(VARIANTS)
-    for index in range(count):
-        order = names[index % len(names):] + names[:index % len(names)]
-        marks = {}
+def lockstep(workload: Workload, names: list[str], root: Path) -> dict[str, list[float]]:
+    """Run the loops ``names`` side by side, one optimizer step of each in turn (the order
+    rotating every step): the time each of their steps took. A noisy neighbour or a
+    slower moment of the machine then lands on every loop alike, step by step, which
+    whole runs taken one after the other cannot promise for a step of a millisecond."""
+    loops = {name: VARIANTS[name](workload, _fresh_dir(root, workload, name)) for name in names}
+    times: dict[str, list[float]] = {name: [] for name in names}
+    for turn in itertools.count():
+        order = names[turn % len(names):] + names[:turn % len(names)]
         for name in order:
-            workdir = root / f"{workload.name}-{name}-{index}"
-            workdir.mkdir()
-            marks[name] = VARIANTS[name](workload, workdir)
-        yield marks
+            began = time.perf_counter()
+            if next(loops[name], StopIteration) is StopIteration:
+                return times
+            times[name].append(time.perf_counter() - began)
+    return times
+
+
+def _fresh_dir(root: Path, workload: Workload, name: str) -> Path:
+    path = Path(tempfile.mkdtemp(prefix=f"{workload.name}-{name}-", dir=root))
+    return path
+
+
+def steady(step_times: list[float], workload: Workload) -> float:
+    """Mean time per step after the first epoch (periodic costs such as the RAM shadow
+    copy are included, not hidden by a median)."""
+    return statistics.fmean(step_times[workload.steps_per_epoch:])
 
 
 def measure(workload: Workload, count: int, root: Path) -> dict[str, Any]:
+    """Per round: ``steady`` from the plain and README loops in lockstep; ``whole`` and
+    ``every-step`` from whole runs one after the other (the order rotating by round). A
+    loop that persists every step keeps a background writer busy, which in lockstep would
+    land on the baseline's steps too: it runs alone, charged with all of its own work."""
     ratios: dict[str, list[float]] = {"steady": [], "whole": [], "every-step": []}
-    plain_steps = []
-    for marks in rounds(workload, count, root):
-        base = steady(marks["plain"], workload)
-        plain_steps.append(base)
-        ratios["steady"].append(steady(marks["burst"], workload) / base)
+    plain_steps_seconds = []
+    names = list(VARIANTS)
+    for index in range(count):
+        pair = lockstep(workload, ["plain", "burst"], root)
+        base = steady(pair["plain"], workload)
+        plain_steps_seconds.append(base)
+        ratios["steady"].append(steady(pair["burst"], workload) / base)
+        marks = {}
+        for name in names[index % len(names):] + names[:index % len(names)]:
+            marks[name] = marks_of(VARIANTS[name](workload, _fresh_dir(root, workload, name)))
+        steps = {name: [b - a for a, b in itertools.pairwise(m[:-1])] for name, m in marks.items()}
         ratios["whole"].append((marks["burst"][-1] - marks["burst"][0])
                                / (marks["plain"][-1] - marks["plain"][0]))
-        ratios["every-step"].append(steady(marks["every-step"], workload) / base)
+        ratios["every-step"].append(steady(steps["every-step"], workload)
+                                    / steady(steps["plain"], workload))
     return {"workload": workload.name, "rounds": count,
-            "plain_ms_per_step": round(1000 * statistics.median(plain_steps), 3),
+            "plain_ms_per_step": round(1000 * statistics.median(plain_steps_seconds), 3),
             **{name: round(statistics.median(values), 3) for name, values in ratios.items()},
             "spread": {name: [round(min(values), 3), round(max(values), 3)]
                        for name, values in ratios.items()},

@@ -18,6 +18,8 @@ from __future__ import annotations
 import array
 import ctypes
 import random
+import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -40,32 +42,47 @@ def capture() -> dict[str, Any]:
 
 
 class Boundary:
-    """:func:`capture` for every step boundary, without re-reading an unchanged NumPy state.
+    """:func:`capture` for every step boundary, without re-reading unchanged Mersenne
+    Twister keys.
 
-    Reading NumPy's state is the costly part of a capture (its key is copied word by word
-    into a new array, ~10x Python's ``getstate``), and most training loops never draw from
-    NumPy's global generator between two steps. The generator's raw state (key and
-    position, through NumPy's public ``ctypes`` interface) is compared byte for byte with
-    what it was at the last full read; when equal, that read's result still holds. The
-    cached Gaussian of NumPy's legacy ``normal`` lives outside that raw state, so a read
-    that found one cached is never reused (using it up does not move the key).
+    Reading a generator's 624-word key is the costly part of a capture (NumPy copies it
+    word by word into a new array; Python's ``getstate`` builds a tuple of 625 ints, 12 us
+    of a 20 us capture), and most training loops draw from neither global generator
+    between two steps. Each generator's raw state (key and position, read as bytes) is
+    compared with what it was at the last full read; when equal, that read's result still
+    holds. The raw bytes are read before the full state, so a draw from another thread in
+    between can only cause one needless re-read, never a stale result. Cached Gaussians
+    live outside the raw states: Python's ``gauss_next`` is read every time, and a NumPy
+    read that found one cached is never reused (using it up does not move the key).
     """
 
-    _RAW_BYTES = 624 * 4 + 4  # MT19937: uint32 key[624], int pos
-
     def __init__(self) -> None:
+        self._numpy_view, self._python_view = _RawView(_numpy_address), _RawView(_python_address)
         self._raw: bytes | None = None
         self._numpy: list[Any] | None = None
+        self._python_raw: bytes | None = None
+        self._python: tuple[Any, Any] | None = None  # (version, internal state)
 
     def capture(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"python": random.getstate(), "numpy": self._numpy_state(),
-                                 "torch": torch.get_rng_state()}
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state: dict[str, Any] = {"python": self._python_state(),
+                                 "numpy": self._numpy_state(), "torch": torch.get_rng_state()}
+        if torch.cuda.is_initialized():  # implies available; asking that costs 5 us a step
             state["cuda"] = torch.cuda.get_rng_state_all()
         return state
 
+    def _python_state(self) -> tuple[Any, Any, Any]:
+        generator = getattr(random.getstate, "__self__", None)  # the module's hidden instance
+        raw = self._python_view.read(generator)
+        if raw is not None and raw == self._python_raw and self._python is not None:
+            version, internal = self._python
+            return version, internal, generator.gauss_next  # type: ignore[union-attr]
+        state = random.getstate()
+        self._python_raw, self._python = (raw, state[:2]) if raw is not None else (None, None)
+        return state
+
     def _numpy_state(self) -> list[Any]:
-        raw = _numpy_raw(self._RAW_BYTES)
+        get = getattr(np.random, "get_bit_generator", None)  # NumPy >= 1.25
+        raw = self._numpy_view.read(get() if get is not None else None)
         if raw is not None and raw == self._raw and self._numpy is not None:
             return self._numpy
         kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
@@ -75,15 +92,49 @@ class Boundary:
         return state
 
 
-def _numpy_raw(size: int) -> bytes | None:
-    """The global NumPy generator's raw MT19937 state, or None where it cannot be read."""
-    get = getattr(np.random, "get_bit_generator", None)  # NumPy >= 1.25
-    if get is None:
+_RAW_FORMAT = "i624I"  # CPython's RandomObject after its header: int index, uint32 key[624]
+_RAW_BYTES = 624 * 4 + 4  # the same size as NumPy's MT19937 state: uint32 key[624], int pos
+
+
+class _RawView:
+    """One generator's raw state, read as bytes in place.
+
+    The ctypes view is made once per generator object (``locate`` finds its address, or
+    None where it cannot be read), so a read is a 0.1 us copy of 2.5 KB. The view keeps a
+    reference to that object: its memory cannot be freed or reused under the view."""
+
+    def __init__(self, locate: Callable[[Any], int | None]) -> None:
+        self._locate = locate
+        self._owner: object | None = None
+        self._view: ctypes.Array[ctypes.c_char] | None = None
+
+    def read(self, owner: object | None) -> bytes | None:
+        if owner is None:
+            return None
+        if owner is not self._owner:
+            address = self._locate(owner)
+            self._owner = owner
+            self._view = None if address is None else (ctypes.c_char * _RAW_BYTES
+                                                       ).from_address(address)
+        return None if self._view is None else self._view.raw
+
+
+def _python_address(generator: object) -> int | None:
+    """Where a ``random.Random``'s ``index`` and ``state[624]`` start, once checked against
+    its ``getstate`` (an ``id`` that is not an address, another header size or field
+    order all fail the check; burst then calls ``getstate`` every time)."""
+    if not isinstance(generator, random.Random):
         return None
-    generator = get()
+    address = id(generator) + object.__basicsize__
+    index, *key = struct.unpack(_RAW_FORMAT, ctypes.string_at(address, _RAW_BYTES))
+    return address if (*key, index) == generator.getstate()[1] else None
+
+
+def _numpy_address(generator: object) -> int | None:
+    """Where a NumPy MT19937 bit generator's state is (its public ``ctypes`` interface)."""
     if type(generator).__name__ != "MT19937":
         return None
-    return ctypes.string_at(generator.ctypes.state_address, size)
+    return int(generator.ctypes.state_address)  # type: ignore[attr-defined]
 
 
 def storable(state: dict[str, Any]) -> dict[str, Any]:

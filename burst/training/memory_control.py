@@ -160,7 +160,8 @@ class Controller:
     def decide(self, micro: int, reading: Reading | None) -> Decision | None:
         """The switch to make before the next step, or None to keep ``micro``."""
         alerted = self._alert.is_set()
-        self._alert.clear()
+        if alerted:  # clearing takes the event's lock: not on every step
+            self._alert.clear()
         if reading is None:
             return self._shrink(micro, None, "alert") if alerted else None
         self._learn(micro, reading)

@@ -81,6 +81,41 @@ def test_boundary_captures_follow_numpy_draws_and_its_cached_gaussian():
     assert float(np.random.standard_normal()) == cached
 
 
+def test_boundary_captures_follow_python_draws_and_its_cached_gaussian():
+    random.seed(4)
+    boundary = rng.Boundary()
+    first = boundary.capture()
+    assert boundary.capture()["python"][1] is first["python"][1]  # unchanged: not read again
+    assert boundary.capture()["python"] == random.getstate()
+    random.gauss()  # draws a pair: one is kept in gauss_next, outside the key
+    with_cache = boundary.capture()
+    assert with_cache["python"] == random.getstate()
+    cached = random.gauss()  # uses gauss_next: the key does not move
+    after = boundary.capture()
+    assert after["python"] == random.getstate()
+    following = random.gauss()
+    rng.restore(with_cache)
+    assert random.gauss() == cached
+    rng.restore(after)
+    assert random.gauss() == following
+    rng.restore(first)
+    assert boundary.capture()["python"] == first["python"]
+
+
+def test_boundary_follows_a_generator_installed_in_place_of_pythons_global_one(monkeypatch):
+    class Seeded(random.Random):
+        """A user's generator whose methods replace the module's functions."""
+
+    replacement = Seeded(5)
+    boundary = rng.Boundary()
+    boundary.capture()
+    monkeypatch.setattr(random, "getstate", replacement.getstate)
+    first = boundary.capture()["python"]
+    assert first == replacement.getstate()
+    replacement.random()
+    assert boundary.capture()["python"] == replacement.getstate() != first
+
+
 @pytest.mark.parametrize("part, bad", [("python", torch.zeros(2, 625, dtype=torch.int64)),
                                        ("numpy", torch.full((624,), -1, dtype=torch.int64))])
 def test_a_malformed_stored_key_is_refused_before_anything_changes(part, bad):

@@ -88,3 +88,35 @@ def test_worker_count_does_not_change_what_a_sample_gets():
     inline = [b[0] for b in DataLoader(data, batch_size=2, sampler=sampler, num_workers=0)]
     workers = [b[0] for b in DataLoader(data, batch_size=2, sampler=sampler, num_workers=2)]
     assert all(torch.equal(a, b) for a, b in zip(inline, workers, strict=True))
+
+
+def test_indices_over_a_seeded_dataset_carry_their_epoch_through_workers():
+    sampler = ResumableSampler(SeededDataset(Noisy(), seed=2), seed=0)
+    sampler.set_epoch(4)
+    indices = pickle.loads(pickle.dumps(list(sampler)))  # as a worker receives them
+    assert sorted(indices) == list(range(10)) and {i.epoch for i in indices} == {4}
+
+
+def test_indices_over_any_other_dataset_are_plain_ints():
+    sampler = ResumableSampler(Noisy(), seed=0)
+    assert {type(i) for i in sampler} == {int}
+
+
+def test_a_sampler_given_only_a_length_tags_epochs_since_it_cannot_tell():
+    sampler = ResumableSampler(10, seed=0)
+    sampler.set_epoch(2)
+    assert {i.epoch for i in sampler} == {2}
+
+
+def test_the_run_tags_epochs_when_the_loader_seeds_a_dataset_the_sampler_never_saw(tmp_path):
+    import burst
+
+    raw = Noisy()
+    sampler = ResumableSampler(raw, seed=0)  # built over the raw data, loaded through a wrapper
+    loader = DataLoader(SeededDataset(raw, seed=1), batch_size=2, sampler=sampler)
+    model = torch.nn.Linear(2, 1)
+    run = burst.Run("tagged", store=str(tmp_path / "store"), global_batch=2, micro_batch=2)
+    run.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    next(iter(run.steps(loader)))
+    assert {i.epoch for i in sampler} == {0}
+    run.close()
