@@ -45,8 +45,9 @@ def step_sizes(remaining: int, global_batch: int) -> Iterator[int]:
 def rank_steps(remaining: int, global_batch: int, rank: int, world_size: int
                ) -> Iterator[tuple[int, int]]:
     """``(global samples, this rank's samples)`` of each remaining step."""
+    full = shares(global_batch, world_size)[rank]  # every step but an epoch's tail: once
     for samples in step_sizes(remaining, global_batch):
-        yield samples, shares(samples, world_size)[rank]
+        yield samples, full if samples == global_batch else shares(samples, world_size)[rank]
 
 
 def rank_positions(remaining: int, global_batch: int, rank: int, world_size: int

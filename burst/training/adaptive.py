@@ -89,9 +89,9 @@ class Adaptive:
         """One optimizer step took ``seconds`` of training (burst's own work excluded)."""
         self.step_seconds = _average(self.step_seconds, seconds)
         self.trained += max(seconds, 0.0)
-        chosen = self._chosen
-        if chosen is not None and chosen.step_seconds and not (
-                0.9 < self.step_seconds / chosen.step_seconds < 1.1):
+        chosen = self._chosen  # re-chosen once the step time moved by a quarter: not on
+        if chosen is not None and chosen.step_seconds and not (  # every noisy step
+                _KEEP_LOW < self.step_seconds / chosen.step_seconds < _KEEP_HIGH):
             self._chosen = None
 
     def shadow(self, seconds: float) -> None:
@@ -154,6 +154,9 @@ class Adaptive:
         shadow = math.sqrt(self.shadow_cost) * both / self.budget
         return shadow, min(max(persist, MIN_PERSIST_SECONDS, self.persist_cost),
                            MAX_PERSIST_SECONDS)
+
+
+_KEEP_LOW, _KEEP_HIGH = 0.8, 1.25  # a step time within these of the chosen one keeps it
 
 
 def _steps(seconds: float | None, step_seconds: float | None) -> int:

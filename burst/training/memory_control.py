@@ -141,6 +141,11 @@ class Controller:
         """A memory alert fired (e.g. the GPU watch): shrink at the next boundary."""
         self._alert.set()
 
+    @property
+    def alerted(self) -> bool:
+        """An alert is waiting for the next boundary."""
+        return self._alert.is_set()
+
     def predict(self, micro: int, current: int, reading: Reading) -> int:
         """Peak bytes predicted at ``micro``, anchored at ``reading`` taken at ``current``."""
         return max(int(reading.peak + self._slope(current, reading) * (micro - current)), 0)

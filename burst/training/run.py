@@ -880,6 +880,8 @@ class Run:
         if self._memory is None or not self._rechunking:
             return
         reading = self._memory_reader()
+        if reading is None and not self._memory.alerted:  # no card read, no alert: no change
+            return
         for rule in self._memory.rules_due(reading):
             self._apply_rule(rule, reading)
         decision = self._memory.decide(self.micro_batch, reading)

@@ -69,6 +69,17 @@ def test_the_first_persist_comes_after_ten_seconds_of_training_not_of_waiting():
     assert steps == math.ceil(FIRST_PERSIST_SECONDS / 0.5)
 
 
+def test_the_intervals_follow_a_change_of_step_time_by_a_quarter_not_the_drift_below_it():
+    policy = measured()
+    chosen = policy.intervals()
+    for _ in range(40):  # 15% slower: within a machine's drift, the choice stands
+        policy.step(0.115)
+    assert policy.intervals() is chosen  # not recomputed (a 10% band re-chose it)
+    for _ in range(40):  # the steps now take twice as long
+        policy.step(0.2)
+    assert policy.intervals().shadow_every == pytest.approx(chosen.shadow_every / 2, abs=1)
+
+
 def test_explicit_intervals_are_never_changed():
     policy = measured(shadow_every=7, persist_seconds=30.0, persist_chosen=False)
     policy.persist(50.0)
