@@ -193,7 +193,7 @@ class Installed:
 
     ``importlib.metadata`` parses the whole METADATA file (long descriptions included)
     on every ``.metadata``, ``.version`` and ``.requires``; a freeze asked three times per
-    distribution, which was most of its cost (0.57 s for 200 distributions, in the
+    distribution, which was most of its cost (0.3-0.6 s for 200 distributions, in the
     background thread that competes with the first training steps). Only the header
     block is parsed here, once."""
 

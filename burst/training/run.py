@@ -414,8 +414,7 @@ class Run:
             micro_batches, source = self._micro_batches(share, batches)  # this rank's
             self.begin_step()
             current = Step(self.step + 1, self.epoch, samples, micro_batches, source,
-                           self._injector if self._injector.pending else None,
-                           self.world_size)
+                           self._injector, self.world_size)
             try:
                 yield current
             except GeneratorExit:  # the loop was left with break/return/an exception
