@@ -16,6 +16,10 @@ shared machine is noisy):
   through ``burst.Run`` before and after a few optimizer steps. The fraction comes from
   what training changed, not from a layout chosen for the benchmark.
 
+Each case also shows the CPU seconds spent on burst's side (this process) and by the
+server, and the push ratio those allow at best: on a machine whose cores the server
+shares, a push cannot finish faster than the server's own CPU time for the bytes.
+
 Not a timed test: numbers depend on the machine (here transfers are CPU-bound, and the
 server runs on the same cores). burst's pull also fsyncs what it wrote; boto3 does not.
 """
@@ -33,6 +37,7 @@ import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -72,16 +77,35 @@ def file_sha256(path: Path) -> str:
     return hasher.hexdigest()
 
 
-def interleaved(cases: dict[str, Case], repeat: int) -> dict[str, list[float]]:
+def process_cpu(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from ``/proc``."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass
+class Measured:
+    """Per case: wall seconds, and CPU seconds of this process and of the server."""
+
+    wall: list[float] = field(default_factory=list)
+    client_cpu: list[float] = field(default_factory=list)
+    server_cpu: list[float] = field(default_factory=list)
+
+
+def interleaved(cases: dict[str, Case], repeat: int, server_pid: int) -> dict[str, Measured]:
     """Each case ``repeat`` times, round-robin (so a noisy spell hits every case alike)."""
-    times: dict[str, list[float]] = {name: [] for name in cases}
+    measured = {name: Measured() for name in cases}
     for _ in range(repeat):
         for name, (fn, reset) in cases.items():
             reset()
+            client, server = time.process_time(), process_cpu(server_pid)
             started = time.perf_counter()
             fn()
-            times[name].append(time.perf_counter() - started)
-    return times
+            measured[name].wall.append(time.perf_counter() - started)
+            measured[name].client_cpu.append(time.process_time() - client)
+            measured[name].server_cpu.append(process_cpu(server_pid) - server)
+    return measured
 
 
 def main() -> None:
@@ -157,18 +181,21 @@ def run(server, work: Path, total: int, repeat: int) -> None:
         "cp": (lambda: subprocess.run(["cp", str(flat), str(copy)], check=True),
                lambda: copy.unlink(missing_ok=True)),
     }
-    report(interleaved(cases, repeat), size, repeat)
+    assert server.process is not None
+    report(interleaved(cases, repeat, server.process.pid), size, repeat)
     fine_tune(work, server.endpoint)
 
 
-def report(times: dict[str, list[float]], size: int, repeat: int) -> None:
+def report(measured: dict[str, Measured], size: int, repeat: int) -> None:
     mib = size / (1 << 20)
-    med = {name: statistics.median(values) for name, values in times.items()}
+    med = {name: statistics.median(m.wall) for name, m in measured.items()}
     print(f"\n{mib:.0f} MiB snapshot, SeaweedFS over TLS on 127.0.0.1, median of {repeat} "
-          "interleaved runs (min-max):")
-    for name, values in times.items():
+          "interleaved runs (min-max), and CPU seconds of burst's side and of the server:")
+    for name, m in measured.items():
         print(f"  {name:30s} {med[name]:7.2f} s  {mib / med[name]:6.0f} MiB/s  "
-              f"({min(values):.2f}-{max(values):.2f})")
+              f"({min(m.wall):.2f}-{max(m.wall):.2f})  cpu: client "
+              f"{statistics.median(m.client_cpu):5.2f} s, server "
+              f"{statistics.median(m.server_cpu):5.2f} s")
 
     def ratio(baseline: str, ours: str) -> float:
         return med[baseline] / med[ours]
@@ -183,6 +210,23 @@ def report(times: dict[str, list[float]], size: int, repeat: int) -> None:
           f"{ratio('boto3 download_file', 'burst pull'):.2f}x  (no hashing, no fsync)")
     print(f"  burst push, pull vs cp: {ratio('cp', 'burst push'):.2f}x, "
           f"{ratio('cp', 'burst pull'):.2f}x of the local ceiling")
+    push_bound(measured)
+
+
+def push_bound(measured: dict[str, Measured]) -> None:
+    """What the push ratio could reach here at best: client and server share these cores,
+    so if burst's side of a push cost no CPU at all, a push would still take the server's
+    CPU seconds, against the baseline's client and server CPU seconds together."""
+    def cpu(name: str, side: str) -> float:
+        return statistics.median(getattr(measured[name], side))
+
+    baseline = "boto3 sha256 + upload_file"
+    best = ((cpu(baseline, "client_cpu") + cpu(baseline, "server_cpu"))
+            / cpu("burst push", "server_cpu"))
+    print(f"  push, the server's share of the CPU: {cpu('burst push', 'server_cpu'):.2f} s "
+          f"of {cpu('burst push', 'server_cpu') + cpu('burst push', 'client_cpu'):.2f} s; "
+          f"a push whose client cost nothing would reach {best:.2f}x the hashed baseline "
+          f"on cores shared with the server")
 
 
 def fine_tune(work: Path, endpoint: str, width: int = 1024, frozen_layers: int = 12,

@@ -46,8 +46,9 @@ write the same step:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from burst import killpoints
 from burst.errors import SnapshotError
@@ -63,13 +64,16 @@ OnBlob = Callable[[int, bool], None]  # (size, True if written / False if alread
 
 def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str, int],
            land: Land, *, overwrite: bool, points: str, policy: RetryPolicy = DEFAULT_RETRY,
-           on_blob: OnBlob | None = None) -> bool:
+           on_blob: OnBlob | None = None, parsed: Mapping[str, Any] | None = None) -> bool:
     """Commit one snapshot (``blobs``: digest -> size) into ``dst``; see the module doc.
 
     ``land`` writes one blob's bytes (retrying what it can; this checks what landed).
-    ``points`` prefixes the kill points (:mod:`burst.killpoints`). Returns False when
+    ``points`` prefixes the kill points (:mod:`burst.killpoints`). ``parsed``: the
+    manifest as the caller built it, if it has it, so the fence reads its generation
+    without parsing the bytes (twice a commit, every persist). Returns False when
     ``overwrite`` is off and the step was already there, True when this manifest is in.
     """
+    fenced = manifest if parsed is None else parsed
     key = fmt.manifest_key(run_id, step)
     if not overwrite and retry(lambda: dst.size(key), policy) is not None:
         return False
@@ -87,7 +91,7 @@ def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str,
     each_blob(write, sorted(blobs, key=blobs.__getitem__, reverse=True))
     killpoints.hit(f"{points}.blobs-written")
     try:
-        lineage.check(dst, run_id, manifest, publishing=not overwrite, policy=policy)
+        lineage.check(dst, run_id, fenced, publishing=not overwrite, policy=policy)
     except lineage.FencedError:
         retry(lambda: dst.delete(marker), policy)  # the blobs are garbage for GC
         raise
@@ -98,7 +102,7 @@ def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str,
         written = retry(lambda: dst.put_if_absent(key, manifest), policy)
     killpoints.hit(f"{points}.manifest-written")
     if written:
-        _recheck(dst, run_id, key, manifest, overwrite, marker, policy)
+        _recheck(dst, run_id, key, manifest, fenced, overwrite, marker, policy)
 
     def repair(digest: str) -> None:  # a GC raced us between the blob and the manifest
         if retry(lambda: dst.size(fmt.blob_key(run_id, digest)), policy) != blobs[digest]:
@@ -112,12 +116,13 @@ def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str,
     return written
 
 
-def _recheck(dst: Store, run_id: str, key: str, manifest: bytes, overwrite: bool,
-             marker: str, policy: RetryPolicy) -> None:
+def _recheck(dst: Store, run_id: str, key: str, manifest: bytes,
+             fenced: bytes | Mapping[str, Any], overwrite: bool, marker: str,
+             policy: RetryPolicy) -> None:
     """The fence again, after the manifest landed (:mod:`burst.snapshot.lineage`, "the
     window"): a newer launch that took over meanwhile gets the manifest taken back."""
     try:
-        lineage.check(dst, run_id, manifest, publishing=not overwrite, policy=policy)
+        lineage.check(dst, run_id, fenced, publishing=not overwrite, policy=policy)
     except lineage.FencedError:
         # put_if_absent wrote it, so it is ours; an overwrite only while it still is
         if not overwrite or _holds(dst, key, manifest, policy):

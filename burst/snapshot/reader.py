@@ -8,7 +8,8 @@ restoring tensors needs torch, and that lives in :mod:`burst.snapshot.tensors`.
 
 from __future__ import annotations
 
-import functools
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
@@ -49,17 +50,36 @@ def referenced_blobs(store: Store, run_id: str, step: int) -> frozenset[str]:
 
     A persist prunes after every write, and re-parsing and re-validating the kept
     manifests each time cost a persist more than writing its own; a manifest's bytes
-    are parsed once (:func:`_digests` remembers the last few), and bytes that differ in
-    any way are parsed and validated afresh."""
+    are parsed once (the last few are remembered, and the writer hands over the ones it
+    wrote through :func:`remember_digests`), and bytes that differ in any way are parsed
+    and validated afresh."""
     raw, _ = _manifest_raw(store, run_id, step)
-    return _digests(bytes(raw), run_id, step)
-
-
-@functools.lru_cache(maxsize=8)
-def _digests(raw: bytes, run_id: str, step: int) -> frozenset[str]:
-    manifest = fmt.parse_manifest(raw, run_id=run_id, step=step,
+    key = (bytes(raw), run_id, step)
+    with _PARSED_LOCK:
+        known = _PARSED.get(key)
+    if known is not None:
+        return known
+    manifest = fmt.parse_manifest(key[0], run_id=run_id, step=step,
                                   source=f"snapshot {run_id}@{step}")
-    return frozenset(manifest["blobs"])
+    digests = frozenset(manifest["blobs"])
+    remember_digests(key[0], run_id, step, digests)
+    return digests
+
+
+def remember_digests(raw: bytes, run_id: str, step: int, digests: frozenset[str]) -> None:
+    """Note that the manifest ``raw`` of ``run_id@step`` references ``digests``: its writer
+    built it from them, so the prune that follows need not parse it back."""
+    with _PARSED_LOCK:
+        _PARSED[(raw, run_id, step)] = digests
+        _PARSED.move_to_end((raw, run_id, step))
+        while len(_PARSED) > _PARSED_MAX:
+            _PARSED.popitem(last=False)
+
+
+# (manifest bytes, run, step) -> the digests it references; the newest few
+_PARSED: OrderedDict[tuple[bytes, str, int], frozenset[str]] = OrderedDict()
+_PARSED_MAX = 8
+_PARSED_LOCK = threading.Lock()
 
 
 def _manifest_raw(store: Store, run_id: str, step: int) -> tuple[bytes, str]:

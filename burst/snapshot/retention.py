@@ -66,8 +66,11 @@ def select(steps: list[int], keep_last: int, keep_every: int | None = None) -> s
 
 
 def gc(store: Store, run_id: str, keep_last: int = 3, keep_every: int | None = None, *,
-       dry_run: bool = False, marker_ttl: float = MARKER_TTL) -> GCReport:
-    """Drop snapshots the rule does not keep, then every blob no kept snapshot references."""
+       dry_run: bool = False, marker_ttl: float = MARKER_TTL, sweep: bool = True) -> GCReport:
+    """Drop snapshots the rule does not keep, then every blob no kept snapshot references.
+
+    ``sweep``: also remove temporaries that killed writes left (a walk of the whole run);
+    a persister pruning after every write asks for it now and then, not every time."""
     if keep_last < 1 and not keep_every:
         raise SnapshotError("refusing to delete every snapshot: keep at least one")
     blob_keys = store.list(f"{run_id}/blobs/")
@@ -79,7 +82,8 @@ def gc(store: Store, run_id: str, keep_last: int = 3, keep_every: int | None = N
     referenced = _referenced(store, run_id, report.kept)
     killpoints.hit("gc.decided")
     if not dry_run:
-        report.temporaries_deleted = sweep_temporaries(store, run_id)
+        if sweep:
+            report.temporaries_deleted = sweep_temporaries(store, run_id)
         for step in report.dropped:
             store.delete(fmt.manifest_key(run_id, step))
             killpoints.hit("gc.manifest-deleted")

@@ -34,11 +34,13 @@ from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
 from burst.snapshot import parts, retention
 from burst.snapshot.commit import commit
-from burst.snapshot.reader import list_steps
+from burst.snapshot.reader import list_steps, remember_digests
 from burst.snapshot.tensors import Blob, layout_blobs, tensor_entry
 from burst.store.base import Store
 
 _POOL_BYTES = 16 << 20  # hash a snapshot this small on the persister thread alone
+SWEEP_SECONDS = 3600.0  # a persister sweeps killed writes' temporaries this often
+LINGER_SECONDS = 1.0  # an idle persister waits this long for the next write before leaving
 
 
 @dataclass
@@ -56,21 +58,33 @@ class Captured:
 
 
 class ShadowBuffers:
-    """Preallocated host tensors matching the state; reallocated only when the layout changes."""
+    """Preallocated host tensors matching the state; reallocated only when the layout changes.
+
+    Tensors the snapshot format packs into one blob (:func:`layout_blobs`: the many small
+    ones) share one zeroed host buffer per blob, each tensor a view at its place in it.
+    The shadow copy then lands them where the blob has them, and the persister writes the
+    blob's bytes as they lie: no second copy and no per-tensor conversion, which on a
+    model of hundreds of small tensors cost a persist more than hashing its bytes."""
 
     def __init__(self) -> None:
         self.tensors: dict[str, torch.Tensor] = {}
+        self._packs: dict[PackKey, memoryview] = {}
 
     def copy_from(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if not self._matches(live):
-            self.tensors = {name: _host_buffer(t) for name, t in live.items()}
-        needs_sync = False
+            self.tensors, self._packs = _allocate(live)
+        if all(t.device.type == "cpu" for t in live.values()):  # one call, not one a tensor
+            with torch.no_grad():
+                torch._foreach_copy_(list(self.tensors.values()), list(live.values()))
+            return self.tensors
         for name, tensor in live.items():
             self.tensors[name].copy_(tensor.detach(), non_blocking=tensor.is_cuda)
-            needs_sync |= tensor.is_cuda
-        if needs_sync:
-            torch.cuda.synchronize()
+        torch.cuda.synchronize()
         return self.tensors
+
+    def packed(self, blob: Blob) -> memoryview | None:
+        """The bytes of ``blob`` if these buffers hold it as one pack, laid out as it is."""
+        return self._packs.get(_pack_key(blob))
 
     def _matches(self, live: dict[str, torch.Tensor]) -> bool:
         if self.tensors.keys() != live.keys():
@@ -79,6 +93,44 @@ class ShadowBuffers:
             b.shape == t.shape and b.dtype == t.dtype
             for b, t in zip(self.tensors.values(), live.values(), strict=True)
         )
+
+
+PackKey = tuple[tuple[str, ...], tuple[int, ...], int]  # a blob's names, offsets and size
+
+
+def _pack_key(blob: Blob) -> PackKey:
+    return tuple(blob.names), tuple(blob.offsets), blob.size
+
+
+def _allocate(live: dict[str, torch.Tensor]
+              ) -> tuple[dict[str, torch.Tensor], dict[PackKey, memoryview]]:
+    """Host buffers for ``live`` (in its order), the packed ones as views into their
+    blob's buffer; and each pack's bytes by the blob it is."""
+    placed: dict[str, torch.Tensor] = {}
+    packs: dict[PackKey, memoryview] = {}
+    for blob in layout_blobs(live):
+        if len(blob.names) < 2:
+            continue
+        members = [live[name] for name in blob.names]
+        flat = torch.zeros(blob.size, dtype=torch.uint8, device="cpu",
+                           pin_memory=any(t.is_cuda for t in members))
+        try:
+            views = {name: _view_at(flat, offset, tensor)
+                     for name, offset, tensor in zip(blob.names, blob.offsets, members,
+                                                     strict=True)}
+        except RuntimeError:  # a dtype torch cannot view bytes as: buffers of its own
+            continue
+        placed.update(views)
+        packs[_pack_key(blob)] = memoryview(flat.numpy()).cast("B")
+    tensors = {name: placed[name] if name in placed else _host_buffer(tensor)
+               for name, tensor in live.items()}
+    return tensors, packs
+
+
+def _view_at(flat: torch.Tensor, offset: int, like: torch.Tensor) -> torch.Tensor:
+    """A tensor shaped and typed like ``like`` over ``flat``'s bytes from ``offset``."""
+    nbytes = like.numel() * like.element_size()
+    return flat[offset:offset + nbytes].view(like.dtype).view(like.shape)
 
 
 def _host_buffer(tensor: torch.Tensor) -> torch.Tensor:
@@ -125,7 +177,8 @@ class Tiers:
         self.latest: Captured | None = None
         self._pending: Captured | None = None
         self._writing: Captured | None = None
-        self._running = False
+        self._running = False  # a write is pending or under way (flush waits for it)
+        self._alive = False  # the persister thread is up
         self._error: BaseException | None = None
         self.committed_step: int | None = None
         # what the background work of the newest persist took (hash, write, commit, prune):
@@ -133,6 +186,7 @@ class Tiers:
         self.last_write_seconds: float | None = None
         self.writes = 0
         self.sharding: Sharding | None = None
+        self._swept_at: float | None = None  # when a prune last swept temporaries
 
     def shard_into(self, store: Store, rank: int, world_size: int, *, timeout: float = 300.0,
                    launch: str | None = None) -> None:
@@ -174,19 +228,28 @@ class Tiers:
             return
         with self._cond:
             self._pending = captured
-            if not self._running:
-                self._running = True
-                threading.Thread(target=self._work, name="burst-persist", daemon=True).start()
+            self._running = True
+            if self._alive:  # the persister is up (writing, or idle a moment): it takes it
+                self._cond.notify_all()
+                return
+            self._alive = True
+            threading.Thread(target=self._work, name="burst-persist", daemon=True).start()
 
     def _work(self) -> None:
+        """The persister: write what is pending, newest first. Idle, it stays up for
+        ``LINGER_SECONDS`` before it leaves: a run persisting every step would otherwise
+        start a thread every step, and wait for it to start, in the training loop."""
         while True:
             with self._cond:
-                captured, self._pending = self._pending, None
-                self._writing = captured
-                if captured is None:
+                if self._pending is None:
                     self._running = False
                     self._cond.notify_all()
-                    return
+                    self._cond.wait_for(lambda: self._pending is not None, LINGER_SECONDS)
+                    if self._pending is None:
+                        self._alive = False
+                        return
+                captured, self._pending = self._pending, None
+                self._writing = captured
             try:
                 started = time.monotonic()
                 sharding = self.sharding
@@ -211,8 +274,7 @@ class Tiers:
             captured = replace(captured, meta=self.complete_meta(captured.meta))
         manifest = write_snapshot(self.store, self.run_id, captured, self.stamp)
         self.committed_step = captured.step
-        if self.keep:
-            prune(self.store, self.run_id, self.keep)
+        self._prune(self.store)
         self.last_write_seconds = time.monotonic() - started
         self.writes += 1
         if self.on_commit:
@@ -237,12 +299,26 @@ class Tiers:
                                           launch=sharding.launch, timeout=sharding.timeout)
             if manifest is not None:
                 self.committed_step = captured.step
-                if self.keep:
-                    prune(store, self.run_id, self.keep)
+                self._prune(store)
         self.last_write_seconds = time.monotonic() - started
         self.writes += 1
         if manifest is not None and self.on_commit:
             self.on_commit(manifest)
+
+    def _prune(self, store: Store) -> None:
+        """Keep the newest ``keep`` snapshots (none dropped while there are no more)."""
+        if self.keep and len(list_steps(store, self.run_id)) > self.keep:
+            prune(store, self.run_id, self.keep, sweep=self._sweep_due())
+
+    def _sweep_due(self) -> bool:
+        """Whether this prune also sweeps killed writes' temporaries: at the first and then
+        once every ``SWEEP_SECONDS``. Only temporaries idle for a day are removed, so
+        walking the whole run after every persist (every step, if asked) bought nothing."""
+        now = time.monotonic()
+        if self._swept_at is not None and now - self._swept_at < SWEEP_SECONDS:
+            return False
+        self._swept_at = now
+        return True
 
     def busy(self) -> bool:
         with self._cond:
@@ -278,7 +354,7 @@ def write_snapshot(store: Store, run_id: str, captured: Captured,
     manifest, and the commit refuses it once a newer launch of the run took over."""
     blobs = layout_blobs(captured.tensors)
     # built once: a packed blob's bytes are a copy, hashed here and written by ``land``
-    payloads = [blob.payload(captured.tensors) for blob in blobs]
+    payloads = [_payload(blob, captured) for blob in blobs]
     if sum(b.size for b in blobs) < _POOL_BYTES:  # threads would cost more than they save
         digests = [fmt.sha256(data) for data in payloads]
     else:
@@ -304,18 +380,27 @@ def write_snapshot(store: Store, run_id: str, captured: Captured,
     def land(digest: str, _size: int) -> None:
         store.put(fmt.blob_key(run_id, digest), payload_of[digest])
 
-    commit(store, run_id, captured.step, fmt.encode_manifest(manifest),
+    raw = fmt.encode_manifest(manifest)
+    commit(store, run_id, captured.step, raw,
            {digest: blob.size for digest, blob in by_digest.items()}, land,
-           overwrite=True, points="snapshot")
+           overwrite=True, points="snapshot", parsed=manifest)
+    remember_digests(raw, run_id, captured.step, frozenset(by_digest))
     return manifest
 
 
-def prune(store: Store, run_id: str, keep: int) -> list[int]:
+def _payload(blob: Blob, captured: Captured) -> memoryview:
+    """A blob's bytes: a shadow's pack as it lies, else gathered from its tensors."""
+    packed = captured.buffers.packed(blob) if captured.buffers is not None else None
+    return packed if packed is not None else blob.payload(captured.tensors)
+
+
+def prune(store: Store, run_id: str, keep: int, *, sweep: bool = True) -> list[int]:
     """Keep the newest ``keep`` snapshots; delete older manifests, then unreferenced blobs.
 
     A thin wrapper over :func:`burst.snapshot.retention.gc`, which owns the ordering that
     keeps this safe against crashes and concurrent uploads; returns the dropped steps.
+    ``sweep``: also remove the temporaries of killed writes (see ``gc``).
     """
     if keep < 1 or len(list_steps(store, run_id)) <= keep:
         return []
-    return retention.gc(store, run_id, keep_last=keep).dropped
+    return retention.gc(store, run_id, keep_last=keep, sweep=sweep).dropped

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import stat
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -35,6 +36,7 @@ class LocalStore:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()
         self.url = self.root.as_uri()
+        self._cut = len(str(self.root).rstrip("/")) + 1  # a listed path less this is its key
 
     def _path(self, key: str) -> Path:
         """Where ``key`` is read from: the path, every link in it resolved, in the root."""
@@ -50,6 +52,11 @@ class LocalStore:
         return path
 
     def _contain(self, path: Path, key: str) -> None:
+        """Refuse ``path`` if a link in it leads outside the root. Every write and read
+        asks (a persist every step asks dozens of times), so the common case, no link at
+        all below the root, costs one ``lstat`` per folder; a link found is resolved."""
+        if not _link_below(str(self.root), str(path)):
+            return
         real = os.path.realpath(path)
         if os.path.commonpath([real, self.root]) != str(self.root):
             raise StoreError(f"{self.url}: refusing {key!r}: a symbolic link in the store "
@@ -207,12 +214,12 @@ class LocalStore:
         if not base.is_dir():
             return []
         self._contain(base, prefix)
-        keys = []
+        keys, cut = [], self._cut
         try:
-            for path in _files(base):
-                if path.name.startswith("."):
+            for entry in _files(base):
+                if entry.name.startswith("."):
                     continue  # temporary files of writes in progress
-                key = path.relative_to(self.root).as_posix()
+                key = entry.path[cut:]
                 if key.startswith(prefix):
                     keys.append(key)
         except PermissionError as exc:  # said, not taken for "nothing there"
@@ -233,15 +240,14 @@ class LocalStore:
         if not base.is_dir():
             return 0
         self._contain(base, prefix)
-        cutoff, swept = time.time() - older_than, 0
-        for path in _files(base):
-            key = path.relative_to(self.root).as_posix()
-            if not (path.name.startswith(".") and path.name.endswith(".tmp")
-                    and key.startswith(prefix)):
+        cutoff, swept, cut = time.time() - older_than, 0, self._cut
+        for entry in _files(base):
+            if not (entry.name.startswith(".") and entry.name.endswith(".tmp")
+                    and entry.path[cut:].startswith(prefix)):
                 continue
             with contextlib.suppress(FileNotFoundError):  # finished (renamed) meanwhile
-                if path.lstat().st_mtime < cutoff:
-                    path.unlink()
+                if os.lstat(entry.path).st_mtime < cutoff:
+                    os.unlink(entry.path)
                     swept += 1
         return swept
 
@@ -261,21 +267,41 @@ class LocalStore:
             self._target(key).unlink()
 
 
-def _files(base: Path) -> Iterator[Path]:
+def _files(base: Path) -> Iterator[os.DirEntry[str]]:
     """Every regular file under ``base``; symbolic links (to files or folders) are never
-    listed or entered, so a listing cannot lead outside the store."""
-    pending = [base]
+    listed or entered, so a listing cannot lead outside the store. Entries, not paths:
+    a prune lists the run every persist, and building a ``Path`` per file cost more
+    than reading the folders."""
+    pending = [str(base)]
     while pending:
         directory = pending.pop()
         try:
-            entries = list(os.scandir(directory))
+            with os.scandir(directory) as scan:
+                entries = list(scan)
         except (FileNotFoundError, NotADirectoryError):
             continue  # removed while walking
         for entry in entries:
             if entry.is_dir(follow_symlinks=False):
-                pending.append(Path(entry.path))
+                pending.append(entry.path)
             elif entry.is_file(follow_symlinks=False):
-                yield Path(entry.path)
+                yield entry
+
+
+def _link_below(root: str, path: str) -> bool:
+    """Whether a folder or file on the way from ``root`` down to ``path`` (which lies
+    under it, keys being checked) is a symbolic link. Where the way ends (a folder not
+    made yet), nothing further can be a link."""
+    current = root
+    for part in path[len(root):].split("/"):
+        if not part:
+            continue
+        current = f"{current}/{part}"
+        try:
+            if stat.S_ISLNK(os.lstat(current).st_mode):
+                return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+    return False
 
 
 def _makedirs(path: Path) -> None:

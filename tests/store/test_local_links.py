@@ -68,3 +68,25 @@ def test_links_that_stay_inside_the_store_still_work(tmp_path: Path) -> None:
     store.put("run/blobs/ae/ae00", b"ours")
     os.symlink(store.root / "run" / "blobs" / "ae", store.root / "run" / "blobs" / "ad")
     assert store.get("run/blobs/ad/ae00") == b"ours"
+
+
+def test_a_read_of_a_file_linked_outside_is_refused(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_bytes(b"not the store's")
+    store = LocalStore(tmp_path / "store")
+    store.put(KEY, b"x")
+    os.unlink(store.root / KEY)
+    os.symlink(secret, store.root / KEY)
+    with pytest.raises(StoreError, match="leads outside"):
+        store.get(KEY)
+
+
+def test_a_run_folder_linked_outside_is_refused(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    store = LocalStore(tmp_path / "store")
+    store.root.mkdir()
+    os.symlink(elsewhere, store.root / "run")
+    with pytest.raises(StoreError, match="leads outside"):
+        store.put(KEY, b"x")
+    assert not list(elsewhere.iterdir())
