@@ -178,7 +178,8 @@ class Tiers:
         self._pending: Captured | None = None
         self._writing: Captured | None = None
         self._running = False  # a write is pending or under way (flush waits for it)
-        self._alive = False  # the persister thread is up
+        self._alive = False  # the persister thread is up (and has not decided to leave)
+        self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self.committed_step: int | None = None
         # what the background work of the newest persist took (hash, write, commit, prune):
@@ -229,11 +230,15 @@ class Tiers:
         with self._cond:
             self._pending = captured
             self._running = True
-            if self._alive:  # the persister is up (writing, or idle a moment): it takes it
+            # the persister is up (writing, or idle a moment): it takes it. Alive asked
+            # too: in a child forked meanwhile the flag was copied, the thread was not
+            if self._alive and self._thread is not None and self._thread.is_alive():
                 self._cond.notify_all()
                 return
             self._alive = True
-            threading.Thread(target=self._work, name="burst-persist", daemon=True).start()
+            self._thread = threading.Thread(target=self._work, name="burst-persist",
+                                            daemon=True)
+            self._thread.start()
 
     def _work(self) -> None:
         """The persister: write what is pending, newest first. Idle, it stays up for

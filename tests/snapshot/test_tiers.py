@@ -163,3 +163,22 @@ def test_a_remembered_manifest_answers_for_its_own_step_only(tmp_path):
     raw = store.get(fmt.manifest_key(RUN, 1))
     reader.remember_digests(raw, RUN, 2, frozenset({"f" * 64}))
     assert reader.referenced_blobs(store, RUN, 1) == frozenset(manifest["blobs"])
+
+
+def test_a_child_forked_while_the_persister_idles_writes_with_a_persister_of_its_own(
+        tmp_path, monkeypatch):
+    monkeypatch.setattr(tiers, "LINGER_SECONDS", 600.0)
+    persister = Tiers(LocalStore(tmp_path), RUN, keep=3)
+    persister.persist(as_captured(1, small_state(1)))
+    persister.flush(timeout=30)  # the parent's persister now idles, waiting for work
+    pid = os.fork()
+    if pid == 0:  # the child: its copy of the flag says "up", no thread came along
+        code = 1
+        try:
+            persister.persist(as_captured(2, small_state(2)))
+            persister.flush(timeout=30)
+            code = 0 if reader.list_steps(LocalStore(tmp_path), RUN) == [1, 2] else 1
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
