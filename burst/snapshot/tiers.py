@@ -77,9 +77,12 @@ class ShadowBuffers:
             with torch.no_grad():
                 torch._foreach_copy_(list(self.tensors.values()), list(live.values()))
             return self.tensors
+        needs_sync = False
         for name, tensor in live.items():
             self.tensors[name].copy_(tensor.detach(), non_blocking=tensor.is_cuda)
-        torch.cuda.synchronize()
+            needs_sync |= tensor.is_cuda
+        if needs_sync:
+            torch.cuda.synchronize()
         return self.tensors
 
     def packed(self, blob: Blob) -> memoryview | None:
@@ -358,7 +361,8 @@ def write_snapshot(store: Store, run_id: str, captured: Captured,
     launch's lineage fields (:meth:`burst.snapshot.lineage.Lineage.stamp`), goes into the
     manifest, and the commit refuses it once a newer launch of the run took over."""
     blobs = layout_blobs(captured.tensors)
-    # built once: a packed blob's bytes are a copy, hashed here and written by ``land``
+    # built once (a pack is the shadow's buffer as it lies, or gathered from its
+    # tensors), hashed here and written by ``land``
     payloads = [_payload(blob, captured) for blob in blobs]
     if sum(b.size for b in blobs) < _POOL_BYTES:  # threads would cost more than they save
         digests = [fmt.sha256(data) for data in payloads]
