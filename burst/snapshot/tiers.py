@@ -73,10 +73,6 @@ class ShadowBuffers:
     def copy_from(self, live: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         if not self._matches(live):
             self.tensors, self._packs = _allocate(live)
-        if all(t.device.type == "cpu" for t in live.values()):  # one call, not one a tensor
-            with torch.no_grad():
-                torch._foreach_copy_(list(self.tensors.values()), list(live.values()))
-            return self.tensors
         needs_sync = False
         for name, tensor in live.items():
             self.tensors[name].copy_(tensor.detach(), non_blocking=tensor.is_cuda)
