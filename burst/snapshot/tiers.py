@@ -310,9 +310,10 @@ class Tiers:
             self.on_commit(manifest)
 
     def _prune(self, store: Store) -> None:
-        """Keep the newest ``keep`` snapshots (none dropped while there are no more)."""
-        if self.keep and len(list_steps(store, self.run_id)) > self.keep:
-            prune(store, self.run_id, self.keep, sweep=self._sweep_due())
+        """Keep the newest ``keep`` snapshots (:func:`prune`, its steps listed once)."""
+        keep = self.keep or 0
+        if keep >= 1 and len(list_steps(store, self.run_id)) > keep:
+            retention.gc(store, self.run_id, keep_last=keep, sweep=self._sweep_due())
 
     def _sweep_due(self) -> bool:
         """Whether this prune also sweeps killed writes' temporaries: at the first and then
