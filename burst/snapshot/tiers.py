@@ -310,20 +310,14 @@ class Tiers:
             self.on_commit(manifest)
 
     def _prune(self, store: Store) -> None:
-        """Keep the newest ``keep`` snapshots (:func:`prune`, its steps listed once)."""
-        keep = self.keep or 0
-        if keep >= 1 and len(list_steps(store, self.run_id)) > keep:
-            retention.gc(store, self.run_id, keep_last=keep, sweep=self._sweep_due())
-
-    def _sweep_due(self) -> bool:
-        """Whether this prune also sweeps killed writes' temporaries: at the first and then
-        once every ``SWEEP_SECONDS``. Only temporaries idle for a day are removed, so
-        walking the whole run after every persist (every step, if asked) bought nothing."""
+        """Keep the newest ``keep`` snapshots (:func:`prune`); sweep killed writes'
+        temporaries at the first prune that runs, then once every ``SWEEP_SECONDS``.
+        Only temporaries idle for a day are removed, so walking the whole run after every
+        persist (every step, if asked) bought nothing."""
         now = time.monotonic()
-        if self._swept_at is not None and now - self._swept_at < SWEEP_SECONDS:
-            return False
-        self._swept_at = now
-        return True
+        sweep = self._swept_at is None or now - self._swept_at >= SWEEP_SECONDS
+        if prune(store, self.run_id, self.keep or 0, sweep=sweep) and sweep:
+            self._swept_at = now
 
     def busy(self) -> bool:
         with self._cond:
