@@ -8,6 +8,7 @@ restoring tensors needs torch, and that lives in :mod:`burst.snapshot.tensors`.
 
 from __future__ import annotations
 
+import mmap
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -181,11 +182,7 @@ def read_blob(store: Store, run_id: str, digest: str, size: int,
     tier (:func:`newest_intact` then the restore): hashing it twice doubles a restore.
     """
     key = fmt.blob_key(run_id, digest)
-    actual = store.size(key)
-    if actual is None:
-        raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is missing from the store")
-    if actual != size:
-        raise SnapshotError(f"blob {digest[:12]} is {actual} bytes, the manifest says {size}")
+    _check_size(run_id, digest, store.size(key), size)
     try:
         buffer = allocate(size)
     except (MemoryError, OverflowError, RuntimeError):  # a hostile manifest, or too big here
@@ -194,9 +191,21 @@ def read_blob(store: Store, run_id: str, digest: str, size: int,
     view = memoryview(buffer).cast("B") if size else memoryview(bytearray())
     if store.read_into(key, view) != size:
         raise SnapshotError(f"blob {digest[:12]} changed size while being read")
-    if check_hash and fmt.sha256(view) != digest:
-        raise SnapshotError(f"blob {digest[:12]} is corrupt: its bytes do not match its hash")
+    if check_hash:
+        _check_hash(digest, view)
     return buffer
+
+
+def _check_size(run_id: str, digest: str, actual: int | None, size: int) -> None:
+    if actual is None:
+        raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is missing from the store")
+    if actual != size:
+        raise SnapshotError(f"blob {digest[:12]} is {actual} bytes, the manifest says {size}")
+
+
+def _check_hash(digest: str, data: bytes | memoryview) -> None:
+    if fmt.sha256(data) != digest:
+        raise SnapshotError(f"blob {digest[:12]} is corrupt: its bytes do not match its hash")
 
 
 @runtime_checkable
@@ -204,6 +213,33 @@ class Mapped(Protocol):
     """A store that maps an object's bytes read-only (:meth:`burst.store.LocalStore.view`)."""
 
     def view(self, key: str) -> AbstractContextManager[memoryview]: ...
+
+
+@runtime_checkable
+class CopyMapped(Protocol):
+    """A store that maps an object copy-on-write (:meth:`burst.store.LocalStore.map_copy`)."""
+
+    def map_copy(self, key: str, size: int) -> tuple[int, mmap.mmap | None]: ...
+
+
+def map_blob(store: CopyMapped, run_id: str, digest: str, size: int, *,
+             check_hash: bool = True) -> mmap.mmap | None:
+    """One blob's bytes mapped copy-on-write where the store keeps them (None if empty),
+    size- and hash-checked: a restore from a local tier then copies nothing up front and
+    its tensors read the file's pages as they are used. ``check_hash`` as in
+    :func:`read_blob`."""
+    actual: int | None
+    try:
+        actual, mapped = store.map_copy(fmt.blob_key(run_id, digest), size)
+    except KeyError:
+        actual, mapped = None, None
+    except MemoryError:
+        raise SnapshotError(f"blob {digest[:12]} needs {size} bytes of memory, more than this "
+                            "machine can map") from None
+    _check_size(run_id, digest, actual, size)
+    if check_hash:
+        _check_hash(digest, b"" if mapped is None else memoryview(mapped))
+    return mapped
 
 
 def check_blob(store: Store, run_id: str, digest: str, size: int,
@@ -217,12 +253,8 @@ def check_blob(store: Store, run_id: str, digest: str, size: int,
         return
     try:
         with store.view(fmt.blob_key(run_id, digest)) as view:
-            if len(view) != size:
-                raise SnapshotError(f"blob {digest[:12]} is {len(view)} bytes, the manifest "
-                                    f"says {size}")
-            if fmt.sha256(view) != digest:
-                raise SnapshotError(f"blob {digest[:12]} is corrupt: its bytes do not match "
-                                    "its hash")
+            _check_size(run_id, digest, len(view), size)
+            _check_hash(digest, view)
             _check_chunks(digest, view, chunks)
     except KeyError:
         raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is missing from the "

@@ -98,21 +98,40 @@ def tensor_entry(tensor: torch.Tensor, digest: str, offset: int) -> dict[str, An
 def tensors_from_blob(
     manifest: dict, digest: str, data: torch.Tensor, names: Iterable[str]
 ) -> dict[str, torch.Tensor]:
-    """Views into a verified blob's bytes for the named tensors (checked by parse_manifest)."""
+    """Views into a verified blob's bytes for the named tensors (checked by parse_manifest).
+
+    Tensors with the same bytes share one blob (it is named by its hash): all-zero Adam
+    moments of equal-sized layers, say. Each still gets memory of its own, a copy for
+    all but the first over the same bytes, or an optimizer that keeps the restored
+    tensors would update one and see it in all of them."""
+    entries = manifest["tensors"]
     out = {}
-    for name in names:
-        entry = manifest["tensors"][name]
+    handed_out = 0  # the blob's bytes below this are some tensor's already
+    for name in sorted(names, key=lambda n: entries[n]["offset"]):
+        entry = entries[name]
         dtype = DTYPES[entry["dtype"]]
-        raw = data[entry["offset"] : entry["offset"] + entry["nbytes"]]
-        out[name] = raw.view(dtype).reshape(entry["shape"]) if entry["nbytes"] else torch.empty(
-            entry["shape"], dtype=dtype
-        )
+        start, end = entry["offset"], entry["offset"] + entry["nbytes"]
+        if start == end:
+            out[name] = torch.empty(entry["shape"], dtype=dtype)
+            continue
+        tensor = data[start:end].view(dtype).reshape(entry["shape"])
+        out[name] = tensor.clone() if start < handed_out else tensor
+        handed_out = max(handed_out, end)
     return out
 
 
 def read_blob(store: Store, run_id: str, digest: str, size: int, *,
               check_hash: bool = True) -> torch.Tensor:
-    """One blob's bytes as a uint8 tensor, size- and hash-checked (:func:`reader.read_blob`)."""
+    """One blob's bytes as a uint8 tensor, size- and hash-checked (:func:`reader.read_blob`).
+
+    From a store that maps its files (a local tier) the tensor lies in the file's pages,
+    mapped copy-on-write (:func:`reader.map_blob`): nothing is copied up front, as with
+    ``torch.load(mmap=True)``, and the tensor keeps the map alive."""
+    if isinstance(store, reader.CopyMapped):
+        mapped = reader.map_blob(store, run_id, digest, size, check_hash=check_hash)
+        if mapped is None:
+            return torch.empty(0, dtype=torch.uint8)
+        return torch.frombuffer(mapped, dtype=torch.uint8)
     data = reader.read_blob(store, run_id, digest, size, _allocate, check_hash=check_hash)
     return torch.from_numpy(data)
 

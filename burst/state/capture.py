@@ -98,6 +98,7 @@ def restore(components: Components, state: dict, *, saved_amp: str | None,
         components.model.load_state_dict(state["model"], strict=True)
     if components.optimizer is not None and state.get("optimizer") is not None:
         components.optimizer.load_state_dict(state["optimizer"])
+        _own_kept_state(components.optimizer, state["optimizer"])
     if components.scheduler is not None:
         if state.get("scheduler") is None:
             notes.append("scheduler starts fresh: the snapshot has no scheduler state")
@@ -106,6 +107,23 @@ def restore(components: Components, state: dict, *, saved_amp: str | None,
     notes += amp_rules.restore_scaler(components.scaler, state.get("scaler"), saved_amp, amp)
     notes += rng.restore(state["rng"])
     return notes
+
+
+def _own_kept_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
+    """Give host tensors the optimizer kept as restored memory of their own.
+
+    ``load_state_dict`` keeps a state tensor as handed to it when it already has its
+    parameter's device and dtype. From a local tier that tensor lies in the snapshot's
+    file, mapped copy-on-write: its first update would then fault in each 4 KiB page
+    apart, several times slower than one bulk copy now, and a file retention deletes
+    would keep its disk space while mapped. Tensors it moved to a GPU are copies
+    already and are left alone."""
+    handed = {id(value) for values in saved.get("state", {}).values()
+              for value in values.values() if isinstance(value, torch.Tensor)}
+    for values in optimizer.state.values():
+        for key, value in values.items():
+            if id(value) in handed and value.device.type == "cpu" and value.numel():
+                values[key] = value.clone()
 
 
 def _check_model(model: torch.nn.Module | None, saved: dict | None) -> None:

@@ -354,7 +354,8 @@ class Run:
 
     def _before_optimizer_step(self, *_: object) -> None:
         self._in_optimizer_step = True
-        self._injector.in_optimizer_step(self.step + 1)
+        if self._injector.pending:  # drills only: a run without them pays one test
+            self._injector.in_optimizer_step(self.step + 1)
 
     def _on_optimizer_step(self, *_: object) -> None:
         self._in_optimizer_step = False
@@ -413,8 +414,9 @@ class Run:
         for samples, share in self._step_sizes(sampler.remaining(), loader.drop_last):
             micro_batches, source = self._micro_batches(share, batches)  # this rank's
             self.begin_step()
+            injector = self._injector if self._injector.pending else None  # drills only
             current = Step(self.step + 1, self.epoch, samples, micro_batches, source,
-                           self._injector, self.world_size)
+                           injector, self.world_size)
             try:
                 yield current
             except GeneratorExit:  # the loop was left with break/return/an exception

@@ -89,6 +89,74 @@ def test_a_corrupt_blob_restores_nothing(tmp_path):
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
 
 
+def adam_with_equal_moments() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Two layers of 1 MiB (each its own blob) whose Adam moments are equal, all zero:
+    the snapshot stores those bytes once."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(512, 512, bias=False),
+                                torch.nn.Linear(512, 512, bias=False))
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.1)
+    for parameter in model.parameters():
+        parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
+    return model, optimizer
+
+
+def step_with_distinct_grads(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    for scale, parameter in enumerate(model.parameters(), start=1):
+        parameter.grad = torch.full_like(parameter, float(scale))
+    optimizer.step()
+
+
+def snapshot_and_restore(tmp_path, model: torch.nn.Module, optimizer: torch.optim.Optimizer
+                         ) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Snapshot ``model`` and ``optimizer``; restore a fresh pair from it, as a restart would."""
+    run = new_run(tmp_path)
+    run.attach(model, optimizer)
+    run.snapshot(wait=True)
+    resumed_model, resumed_optimizer = adam_with_equal_moments()
+    new_run(tmp_path).attach(resumed_model, resumed_optimizer)
+    return resumed_model, resumed_optimizer
+
+
+def test_a_restored_optimizer_whose_moments_were_equal_trains_as_if_never_stopped(tmp_path):
+    model, optimizer = adam_with_equal_moments()
+    resumed_model, resumed_optimizer = snapshot_and_restore(tmp_path, model, optimizer)
+    step_with_distinct_grads(model, optimizer)
+    step_with_distinct_grads(resumed_model, resumed_optimizer)
+    for expected, actual in zip(model.parameters(), resumed_model.parameters(), strict=True):
+        assert torch.equal(expected, actual)
+
+
+def test_training_after_a_restore_leaves_the_snapshot_it_came_from_intact(tmp_path):
+    model, optimizer = adam_with_equal_moments()
+    resumed_model, resumed_optimizer = snapshot_and_restore(tmp_path, model, optimizer)
+    step_with_distinct_grads(resumed_model, resumed_optimizer)  # writes the moments in place
+    assert snapshot.verify(LocalStore(tmp_path), "r")["step"] == 0
+
+
+def mapped_files(address: int) -> list[str]:
+    """The files mapped at ``address`` in this process (Linux's /proc/self/maps)."""
+    found = []
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            fields = line.split()
+            start, end = (int(bound, 16) for bound in fields[0].split("-"))
+            if start <= address < end and len(fields) > 5:
+                found.append(fields[5])
+    return found
+
+
+def test_a_restored_optimizers_host_state_does_not_stay_in_the_snapshots_files(tmp_path):
+    model, optimizer = adam_with_equal_moments()
+    step_with_distinct_grads(model, optimizer)  # moments of their own, one blob each
+    _, resumed_optimizer = snapshot_and_restore(tmp_path, model, optimizer)
+    addresses = [value.data_ptr() for values in resumed_optimizer.state.values()
+                 for value in values.values() if value.dim()]
+    assert len(addresses) == 4
+    assert not [f for a in addresses for f in mapped_files(a) if str(tmp_path) in f]
+
+
 def test_the_global_batch_is_never_changed_silently(tmp_path):
     run = new_run(tmp_path)
     run.attach(make_model())
