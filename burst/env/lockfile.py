@@ -177,7 +177,7 @@ def collect_packages(paths: list[str] | None = None,
         if found is None:
             continue
         seen = dists.get(normalize(found.name))
-        if seen is None or (not _installed(seen.dist) and _installed(dist)):
+        if seen is None or (not seen.installed and found.installed):
             dists[normalize(found.name)] = found
     coupled = _torch_requirements(dists.get("torch"))
     markers = required_markers(dists)
@@ -201,10 +201,12 @@ class Installed:
     name: str
     version: str
     requires: list[str]
+    installed: bool  # a ``.dist-info`` (METADATA), not a source tree's ``.egg-info``
 
     @classmethod
     def read(cls, dist: metadata.Distribution) -> Installed | None:
-        text = dist.read_text("METADATA") or dist.read_text("PKG-INFO")
+        wheel_metadata = dist.read_text("METADATA")
+        text = wheel_metadata or dist.read_text("PKG-INFO")
         head = text.split("\n\n", 1)[0] if text else None  # the description: not needed
         headers = email.parser.HeaderParser().parsestr(head) if head else None
         if headers is None or not headers["Name"]:
@@ -212,11 +214,8 @@ class Installed:
         requires = headers.get_all("Requires-Dist")
         if requires is None and dist.read_text("requires.txt") is not None:
             requires = dist.requires  # an .egg-info keeps them beside PKG-INFO
-        return cls(dist, str(headers["Name"]), str(headers["Version"]), list(requires or []))
-
-
-def _installed(dist: metadata.Distribution) -> bool:
-    return str(getattr(dist, "_path", "")).endswith(".dist-info")
+        return cls(dist, str(headers["Name"]), str(headers["Version"]), list(requires or []),
+                   installed=wheel_metadata is not None)
 
 
 def _requirement_name(text: str) -> str:

@@ -8,7 +8,6 @@ restoring tensors needs torch, and that lives in :mod:`burst.snapshot.tensors`.
 
 from __future__ import annotations
 
-import mmap
 import threading
 from collections import OrderedDict
 from collections.abc import Callable
@@ -192,7 +191,7 @@ def read_blob(store: Store, run_id: str, digest: str, size: int,
     if store.read_into(key, view) != size:
         raise SnapshotError(f"blob {digest[:12]} changed size while being read")
     if check_hash:
-        _check_hash(digest, view)
+        check_digest(digest, view)
     return buffer
 
 
@@ -203,7 +202,8 @@ def _check_size(run_id: str, digest: str, actual: int | None, size: int) -> None
         raise SnapshotError(f"blob {digest[:12]} is {actual} bytes, the manifest says {size}")
 
 
-def _check_hash(digest: str, data: bytes | memoryview) -> None:
+def check_digest(digest: str, data: bytes | memoryview) -> None:
+    """Refuse ``data`` unless its SHA-256 is ``digest`` (the blob's name)."""
     if fmt.sha256(data) != digest:
         raise SnapshotError(f"blob {digest[:12]} is corrupt: its bytes do not match its hash")
 
@@ -216,30 +216,21 @@ class Mapped(Protocol):
 
 
 @runtime_checkable
-class CopyMapped(Protocol):
-    """A store that maps an object copy-on-write (:meth:`burst.store.LocalStore.map_copy`)."""
+class FileBacked(Protocol):
+    """A store whose objects are files a reader may map (:meth:`burst.store.LocalStore.file_of`)."""
 
-    def map_copy(self, key: str, size: int) -> tuple[int, mmap.mmap | None]: ...
+    def file_of(self, key: str) -> tuple[str, int]: ...
 
 
-def map_blob(store: CopyMapped, run_id: str, digest: str, size: int, *,
-             check_hash: bool = True) -> mmap.mmap | None:
-    """One blob's bytes mapped copy-on-write where the store keeps them (None if empty),
-    size- and hash-checked: a restore from a local tier then copies nothing up front and
-    its tensors read the file's pages as they are used. ``check_hash`` as in
-    :func:`read_blob`."""
-    actual: int | None
+def blob_file(store: FileBacked, run_id: str, digest: str, size: int) -> str:
+    """The file holding one blob, its size checked against the manifest's; hash it with
+    :func:`check_digest` once mapped."""
     try:
-        actual, mapped = store.map_copy(fmt.blob_key(run_id, digest), size)
+        path, actual = store.file_of(fmt.blob_key(run_id, digest))
     except KeyError:
-        actual, mapped = None, None
-    except MemoryError:
-        raise SnapshotError(f"blob {digest[:12]} needs {size} bytes of memory, more than this "
-                            "machine can map") from None
+        path, actual = "", None
     _check_size(run_id, digest, actual, size)
-    if check_hash:
-        _check_hash(digest, b"" if mapped is None else memoryview(mapped))
-    return mapped
+    return path
 
 
 def check_blob(store: Store, run_id: str, digest: str, size: int,
@@ -254,7 +245,7 @@ def check_blob(store: Store, run_id: str, digest: str, size: int,
     try:
         with store.view(fmt.blob_key(run_id, digest)) as view:
             _check_size(run_id, digest, len(view), size)
-            _check_hash(digest, view)
+            check_digest(digest, view)
             _check_chunks(digest, view, chunks)
     except KeyError:
         raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is missing from the "

@@ -124,16 +124,31 @@ def read_blob(store: Store, run_id: str, digest: str, size: int, *,
               check_hash: bool = True) -> torch.Tensor:
     """One blob's bytes as a uint8 tensor, size- and hash-checked (:func:`reader.read_blob`).
 
-    From a store that maps its files (a local tier) the tensor lies in the file's pages,
-    mapped copy-on-write (:func:`reader.map_blob`): nothing is copied up front, as with
-    ``torch.load(mmap=True)``, and the tensor keeps the map alive."""
-    if isinstance(store, reader.CopyMapped):
-        mapped = reader.map_blob(store, run_id, digest, size, check_hash=check_hash)
-        if mapped is None:
-            return torch.empty(0, dtype=torch.uint8)
-        return torch.frombuffer(mapped, dtype=torch.uint8)
-    data = reader.read_blob(store, run_id, digest, size, _allocate, check_hash=check_hash)
-    return torch.from_numpy(data)
+    From a store of files (a local tier) the tensor is the file mapped copy-on-write
+    (``torch.from_file``, which keeps no file descriptor open: a snapshot of thousands of
+    blobs maps them all at once): nothing is read up front, as with
+    ``torch.load(mmap=True)``, and a write to the tensor never reaches the file."""
+    tensor = _mapped(store, run_id, digest, size) if isinstance(store, reader.FileBacked) else None
+    if tensor is None:
+        data = reader.read_blob(store, run_id, digest, size, _allocate, check_hash=check_hash)
+        return torch.from_numpy(data)
+    if check_hash:
+        reader.check_digest(digest, memoryview(tensor.numpy()))
+    return tensor
+
+
+def _mapped(store: reader.FileBacked, run_id: str, digest: str, size: int
+            ) -> torch.Tensor | None:
+    """The blob's file mapped copy-on-write, or None where it cannot be (a filesystem
+    without ``mmap``, a file shrunk since its size was read, no memory to map): the
+    blob is then read, which checks all of that again and says what went wrong."""
+    path = reader.blob_file(store, run_id, digest, size)
+    if not size:
+        return torch.empty(0, dtype=torch.uint8)
+    try:
+        return torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
+    except RuntimeError:
+        return None
 
 
 def _allocate(size: int) -> Any:

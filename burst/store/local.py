@@ -143,26 +143,19 @@ class LocalStore:
             finally:
                 _close_map(mapped)
 
-    def map_copy(self, key: str, size: int) -> tuple[int, mmap.mmap | None]:
-        """The object's size, and its bytes mapped copy-on-write if that size is ``size``
-        (else None, as for an empty object: a map cannot be empty). A restore uses the
-        bytes where they lie, as ``torch.load(mmap=True)`` does: a page is read when
-        first used and copied only where written. The file never changes under the map:
-        objects are replaced (``os.replace``), never rewritten, and an unlinked one lives
-        on while mapped. The size is checked on the open file before mapping, so a file
-        grown to a terabyte is never mapped. KeyError if absent; MemoryError if this
-        machine cannot map that much."""
+    def file_of(self, key: str) -> tuple[str, int]:
+        """The object's file and size, for a reader that maps it (a restore's tensors,
+        :func:`burst.snapshot.tensors.read_blob`) rather than reading it. Objects are
+        replaced (``os.replace``), never rewritten, so a mapped file never changes under
+        its map, and an unlinked one lives on while mapped. KeyError if absent."""
+        path = self._path(key)
         try:
-            with open(self._path(key), "rb") as f:
-                actual = os.fstat(f.fileno()).st_size
-                if actual != size or not size:
-                    return actual, None
-                try:
-                    return actual, mmap.mmap(f.fileno(), size, access=mmap.ACCESS_COPY)
-                except OSError as error:  # ENOMEM: over what the kernel will commit
-                    raise MemoryError(str(error)) from None
-        except (FileNotFoundError, IsADirectoryError):
+            status = os.stat(path)
+        except FileNotFoundError:
             raise KeyError(key) from None
+        if not stat.S_ISREG(status.st_mode):
+            raise KeyError(key)
+        return str(path), status.st_size
 
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         path = self._target(key)

@@ -92,6 +92,18 @@ def test_editable_local_vcs_and_url_installs_are_recorded_by_source(tmp_path):
     assert got["wheelurl"].requirement() == "wheelurl @ https://files.example.com/w.whl"
 
 
+@pytest.mark.parametrize("source_tree_first", [True, False])
+def test_an_installed_distribution_beats_a_source_trees_egg_info(tmp_path, source_tree_first):
+    checkout, site = tmp_path / "checkout", tmp_path / "site"
+    egg = checkout / "mypkg.egg-info"
+    egg.mkdir(parents=True)
+    (egg / "PKG-INFO").write_text("Metadata-Version: 2.1\nName: mypkg\nVersion: 0.0.dev0\n")
+    _dist(site, "mypkg", "1.2")
+    paths = [str(checkout), str(site)] if source_tree_first else [str(site), str(checkout)]
+    got = {p.name: p.version for p in lockfile.collect_packages(paths)}
+    assert got["mypkg"] == "1.2"
+
+
 def test_torch_cuda_libraries_are_marked_as_following_the_torch_build(tmp_path):
     site = tmp_path / "site"
     _dist(site, "torch", "2.8.0", requires=("nvidia-cublas-cu12==12.8.4.1; "

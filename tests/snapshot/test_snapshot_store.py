@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -34,6 +36,45 @@ def test_bfloat16_and_empty_tensors_round_trip(tmp_path):
     tensors = load_tensors(store, reader.read_manifest(store, "r"))
     assert torch.equal(tensors["bf"], t) and tensors["empty"].shape == (0, 3)
     assert tensors["scalar"].item() == 2.5 and tensors["scalar"].dim() == 0
+
+
+def test_tensors_restored_from_a_local_store_hold_no_file_descriptors(tmp_path):
+    store = LocalStore(tmp_path)
+    blobs = {f"t{i}": torch.full((fmt.PACK_THRESHOLD // 4,), float(i)) for i in range(40)}
+    tiers.write_snapshot(store, "r", captured(1, **blobs))
+    before = len(os.listdir("/proc/self/fd"))
+    tensors = load_tensors(store, reader.read_manifest(store, "r"))  # each maps its file
+    assert len(os.listdir("/proc/self/fd")) - before < 5  # a limit of 1024 is common
+    assert all(torch.equal(tensors[name], blobs[name]) for name in blobs)
+
+
+def test_writing_to_a_restored_tensor_leaves_its_blob_intact(tmp_path):
+    store = LocalStore(tmp_path)
+    tiers.write_snapshot(store, "r", captured(1, big=torch.zeros(fmt.PACK_THRESHOLD // 4)))
+    load_tensors(store, reader.read_manifest(store, "r"))["big"].add_(1)
+    assert torch.equal(load_tensors(store, reader.read_manifest(store, "r"))["big"],
+                       torch.zeros(fmt.PACK_THRESHOLD // 4))
+
+
+class ShrinkingStore(LocalStore):
+    """Cuts each file short right after reporting its size: a blob truncated between
+    the size check and the map."""
+
+    def file_of(self, key):
+        path, size = super().file_of(key)
+        with open(path, "r+b") as f:
+            f.truncate(size // 2)
+        return path, size
+
+
+def test_a_blob_that_shrinks_before_it_is_mapped_fails_the_load_naming_it(tmp_path):
+    tiers.write_snapshot(LocalStore(tmp_path), "r",
+                         captured(1, big=torch.zeros(fmt.PACK_THRESHOLD // 4)))
+    store = ShrinkingStore(tmp_path)
+    manifest = reader.read_manifest(store, "r")
+    digest = manifest["tensors"]["big"]["blob"]
+    with pytest.raises(SnapshotError, match=f"{digest[:12]} is .* the manifest says"):
+        load_tensors(store, manifest)
 
 
 class FailingManifestStore(LocalStore):

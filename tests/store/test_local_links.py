@@ -45,8 +45,8 @@ def test_writes_through_a_linked_folder_are_refused(linked, write) -> None:
     lambda s: s.size(KEY),
     lambda s: s.read_into(KEY, memoryview(bytearray(6))),
     lambda s: s.view(KEY).__enter__(),
-    lambda s: s.map_copy(KEY, 6),
-], ids=["get", "size", "read_into", "view", "map_copy"])
+    lambda s: s.file_of(KEY),
+], ids=["get", "size", "read_into", "view", "file_of"])
 def test_reads_through_a_linked_folder_are_refused(linked, read) -> None:
     store, elsewhere = linked
     (elsewhere / "ad00").write_bytes(b"theirs")
