@@ -115,9 +115,10 @@ def _own_kept_state(optimizer: torch.optim.Optimizer, saved: dict) -> None:
     ``load_state_dict`` keeps a state tensor as handed to it when it already has its
     parameter's device and dtype. From a local tier that tensor lies in the snapshot's
     file, mapped copy-on-write: its first update would then fault in each 4 KiB page
-    apart, several times slower than one bulk copy now, and a file retention deletes
-    would keep its disk space while mapped. Tensors it moved to a GPU are copies
-    already and are left alone."""
+    apart, slower than one bulk copy now, and a file that retention deletes would keep
+    its disk space while mapped. State it moved to a GPU is a copy already. State read
+    into memory from another store is copied once more, as torch does not say which
+    tensors are mapped: one bulk copy, against a fault per page for every mapped one."""
     handed = {id(value) for values in saved.get("state", {}).values()
               for value in values.values() if isinstance(value, torch.Tensor)}
     for values in optimizer.state.values():
