@@ -127,7 +127,7 @@ def read_blob(store: Store, run_id: str, digest: str, size: int, *,
     From a store of files (a local tier) the tensor is the file mapped copy-on-write
     (``torch.from_file``, which keeps no file descriptor open: a snapshot of thousands of
     blobs maps them all at once): nothing is read up front, as with
-    ``torch.load(mmap=True)``, and a write to the tensor never reaches the file."""
+    torch's own mapped loading, and a write to the tensor never reaches the file."""
     tensor = _mapped(store, run_id, digest, size) if isinstance(store, reader.FileBacked) else None
     if tensor is None:
         data = reader.read_blob(store, run_id, digest, size, _allocate, check_hash=check_hash)
