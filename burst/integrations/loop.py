@@ -44,6 +44,7 @@ class ForeignLoop:
             raise ConfigError("call use_sampler() first")
         self.sampler.set_epoch(run.epoch, start=run.samples_in_epoch)
         loader = getattr(loader, "base_dataloader", loader)  # Accelerate's adapter wraps one
+        self.sampler.follow(loader)
         if loader is not None and hasattr(loader, "generator"):
             loader.generator = torch.Generator().manual_seed(
                 derive_seed("loader", run.seed, run.epoch, bits=63))

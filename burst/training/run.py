@@ -61,7 +61,7 @@ from burst.training import quota as memory_quota
 from burst.training.amp import AMP_DTYPES, parse_amp
 from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
 from burst.training.metrics import LiveFigures, MetricBuffer
-from burst.training.sampler import ResumableSampler, SeededDataset, derive_seed
+from burst.training.sampler import ResumableSampler, derive_seed
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
@@ -441,8 +441,7 @@ class Run:
         if self.world_size > 1 and loader.drop_last:
             raise ConfigError("on several ranks use ResumableSampler(drop_last=True), not the "
                               "DataLoader's drop_last (it would drop per rank)")
-        if isinstance(loader.dataset, SeededDataset):  # whatever the sampler was built over
-            loader.sampler.tag_epochs = True
+        loader.sampler.follow(loader)  # a SeededDataset, whatever the sampler was built over
         return self.adopt_sampler(loader.sampler)
 
     # -- hooks for loops burst does not own (Run.steps uses them too) -------------------

@@ -92,6 +92,12 @@ class ResumableSampler(Sampler[int]):
         # on when the loader's own dataset is a SeededDataset.
         self.tag_epochs = not isinstance(data, Dataset) or isinstance(data, SeededDataset)
 
+    def follow(self, loader: object) -> None:
+        """Tag indices with their epoch when ``loader``'s dataset is a SeededDataset: it
+        may wrap the dataset this sampler was built over, which could not tell."""
+        if isinstance(getattr(loader, "dataset", None), SeededDataset):
+            self.tag_epochs = True
+
     def set_epoch(self, epoch: int, start: int = 0) -> None:
         """Select the epoch's order and skip the first ``start`` samples of it."""
         self.epoch, self.start = epoch, start

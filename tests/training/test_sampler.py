@@ -120,3 +120,21 @@ def test_the_run_tags_epochs_when_the_loader_seeds_a_dataset_the_sampler_never_s
     next(iter(run.steps(loader)))
     assert {i.epoch for i in sampler} == {0}
     run.close()
+
+
+def test_a_frameworks_loop_tags_epochs_when_its_loader_seeds_a_dataset_the_sampler_never_saw(
+        tmp_path):
+    import burst
+    from burst.integrations.loop import ForeignLoop
+
+    raw = Noisy()
+    sampler = ResumableSampler(raw, seed=0)  # as a Lightning or Accelerate user builds it
+    loader = DataLoader(SeededDataset(raw, seed=1), batch_size=2, sampler=sampler)
+    model = torch.nn.Linear(2, 1)
+    run = burst.Run("tagged", store=str(tmp_path / "store"), global_batch=2, micro_batch=2)
+    run.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    loop = ForeignLoop(run)
+    loop.use_sampler(sampler)
+    loop.position(loader)
+    assert {i.epoch for i in sampler} == {0}
+    run.close()
