@@ -106,7 +106,8 @@ def main() -> None:
             os.fsync(f.fileno())
 
     def touch_moments() -> None:
-        """What the first optimizer step does to Adam moments a restore left mapped."""
+        """What the first optimizer step does to the restored Adam moments (torch's still
+        mapped, so each page faults in now; burst's already its own memory)."""
         for state in optimizer.state.values():
             for value in state.values():
                 if isinstance(value, torch.Tensor) and value.dim():
