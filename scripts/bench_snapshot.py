@@ -15,7 +15,12 @@ one process:
   optimizer keeps one bulk copy of its own (cheaper than a page fault per 4 KiB at the
   first step). A second row for each adds that first use of the moments, as the first
   optimizer step would. The moments are random, as trained ones are: all-zero ones
-  would be stored once and flatter every figure but the stall.
+  would be stored once and flatter every figure but the stall;
+- restore, like for like: ``torch.load(mmap=True)`` after checking the file's SHA-256
+  against the digest taken when it was saved, as ``sha256sum -c`` would (one thread).
+  burst checks every blob's hash before it hands anything over (DESIGN.md: a reader
+  checks every blob's hash), and ``torch.load`` does not: a byte flipped in a
+  tensor's data loads without a word, with or without ``mmap``.
 
 Measurements are interleaved (a round of each, ``--repeat`` rounds) and medians reported:
 a shared machine is noisy. Targets (issue 17): blocked <= 1.3x floor and < 0.3x
@@ -27,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import hashlib
 import os
 import statistics
 import tempfile
@@ -119,7 +125,9 @@ def main() -> None:
         if touch:
             touch_moments()
 
-    def torch_restore(mmap: bool, touch: bool = False) -> None:
+    def torch_restore(mmap: bool, touch: bool = False, digest: str | None = None) -> None:
+        if digest is not None and file_sha256(saved) != digest:
+            raise SystemExit(f"{saved} changed under the benchmark")
         loaded = torch.load(saved, weights_only=True, mmap=mmap)
         model.load_state_dict(loaded["model"])
         optimizer.load_state_dict(loaded["optimizer"])
@@ -135,9 +143,13 @@ def main() -> None:
     reads = {"restore": burst_restore, "restore-touched": lambda: burst_restore(touch=True),
              "load": lambda: torch_restore(False),
              "load-mmap": lambda: torch_restore(True),
-             "load-mmap-touched": lambda: torch_restore(True, touch=True)}
+             "load-mmap-touched": lambda: torch_restore(True, touch=True),
+             "checked-mmap": lambda: torch_restore(True, digest=digest),
+             "checked-mmap-touched": lambda: torch_restore(True, touch=True, digest=digest)}
     times: dict[str, list[float]] = {name: [] for name in {**writes, **reads}}
+    digest = ""
     for cases in (writes, reads):
+        digest = file_sha256(saved) if saved.exists() else digest  # the last save's, once
         for _ in range(args.repeat):
             for name, fn in cases.items():
                 times[name] += timed(fn, 1)
@@ -147,6 +159,7 @@ def main() -> None:
     save_times, sync_times = times["save"], times["save+fsync"]
     restore_times, load_times, mmap_times = times["restore"], times["load"], times["load-mmap"]
     touched_times, restore_touched = times["load-mmap-touched"], times["restore-touched"]
+    checked_times, checked_touched = times["checked-mmap"], times["checked-mmap-touched"]
 
     med = statistics.median
     rows = [
@@ -159,6 +172,8 @@ def main() -> None:
         ("restore: torch.load + load_state_dict", med(load_times)),
         ("restore: torch.load(mmap=True) + load", med(mmap_times)),
         ("  the same, Adam moments then touched", med(touched_times)),
+        ("restore: sha256 check + torch.load(mmap)", med(checked_times)),
+        ("  the same, Adam moments then touched", med(checked_touched)),
     ]
     print(f"median of {args.repeat} interleaved rounds:")
     for label, seconds in rows:
@@ -173,6 +188,18 @@ def main() -> None:
           "and copies them)")
     print(f"the same, moments then touched = {med(restore_touched) / med(touched_times):.2f}x"
           "  (the first optimizer step: torch's moments then fault in page by page)")
+    print(f"restore / checked mmap load  = {med(restore_times) / med(checked_times):.2f}x  "
+          "(like for like: both check every byte before use)")
+    print(f"the same, moments then touched = {med(restore_touched) / med(checked_touched):.2f}x")
+
+
+def file_sha256(path: Path) -> str:
+    """What ``sha256sum`` prints for ``path`` (read in 8 MiB chunks, one thread)."""
+    hasher = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(8 << 20):
+            hasher.update(chunk)
+    return hasher.hexdigest()
 
 
 if __name__ == "__main__":

@@ -248,6 +248,7 @@ class Run:
         self._memory_reader = memory_reader or memory_control.cuda_reader
         self._rechunking = False  # run.steps() owns the micro-batches: it may re-plan them
         self._live = LiveFigures(self.run_id)  # for the agent's exporter, if it asked
+        self._publishing = self._group.is_writer and self._live.enabled  # asked once
         self._metrics = MetricBuffer(lambda points: self.record_event(MetricBuffer.EVENT,
                                                                 points=points))
 
@@ -505,9 +506,11 @@ class Run:
         self.step += 1
         self.samples_consumed += samples
         self.samples_in_epoch += samples
-        self._record_memory()
+        if torch.cuda.is_initialized():  # a flag, never initialising CUDA
+            self._record_memory()
         self._control_memory()
-        self._publish_figures(samples)
+        if self._publishing:
+            self._publish_figures(samples)
         reason, self._requested = self._requested, None
         asked = self._guard.take_snapshot_request()  # request_snapshot, from another thread
         reason = reason or asked
@@ -515,7 +518,8 @@ class Run:
             reason = STOP_REASON
         if fencing.fenced(self.lineage):  # a newer launch took over: train no further
             reason = fencing.REASON
-        if self._group.collective:  # every rank acts on the votes of the last boundary
+        collective = self._group.collective
+        if collective:  # every rank acts on the votes of the last boundary
             own, asked = (reason, asked), self._asked
             persist, shadow, reason = self._vote.collect()
         else:
@@ -530,7 +534,7 @@ class Run:
             self._guard.stop_at_boundary()
         if asked is not None:  # e.g. this node is about to be preempted: store it now
             self._guard.store_requested()
-        if self._group.collective:  # then vote for the next boundary (no stall: StepVote)
+        if collective:  # then vote for the next boundary (no stall: StepVote)
             (reason, self._asked) = own  # timed persists: rank 0's clock (it measures)
             self._vote.cast(reason is not None or (self._group.is_writer and self._persist_due()),
                             self._adaptive.shadow_due(self.step), reason)
@@ -544,7 +548,15 @@ class Run:
         libraries hand them out, the buffers into copies allocated once (on their own
         device, so a GPU copy is queued, never waited for). The buffers are looked up
         again only when one was assigned anew (a registration hook says so) or at a
-        shadow copy (``Module.to`` replaces them without telling anyone)."""
+        shadow copy (``Module.to`` replaces them without telling anyone).
+
+        Only a CUDA out-of-memory error or GPU failure rewinds to the boundary, and a
+        process that has not initialised CUDA can raise neither (but in a drill). It then
+        marks nothing (a quarter of burst's per-step cost on a small CPU model), and
+        :meth:`save_boundary` falls back on the RAM shadow should CUDA start mid-step."""
+        if not (torch.cuda.is_initialized() or self._injector.pending):
+            self._boundary_rng = None
+            return
         self._boundary_rng = self._rng_boundary.capture()
         if self._buffers_moved:
             self._find_buffers()
@@ -703,7 +715,7 @@ class Run:
         """Snapshot the live state as it was at the last step boundary (after an OOM);
         return its step. On several ranks the other ranks may be stuck in a collective, so
         no collective capture is possible: every rank keeps its RAM shadow instead."""
-        if self.world_size > 1:
+        if self.world_size > 1 or self._boundary_rng is None:  # None: no boundary marked
             return self.persist_shadow(reason)
         tree, live = state_mod.capture(self.components, self.extra, rng_state=self._boundary_rng,
                                        model_buffers=self._boundary_buffers)
@@ -844,12 +856,11 @@ class Run:
         return torch.autocast(device, dtype=AMP_DTYPES[self.amp])
 
     def _publish_figures(self, samples: int) -> None:
-        """For ``burst run --metrics-port`` (rank 0; a no-op unless the agent asked)."""
-        if self._group.is_writer and self._live.enabled:
-            uploading = None if self._uploads is None else self._uploads.busy()
-            reserved = torch.cuda.memory_reserved() if torch.cuda.is_initialized() else None
-            self._live.step_done(self.step, samples, self.micro_batch, self.accumulation,
-                                 uploading, reserved)
+        """For ``burst run --metrics-port`` (rank 0, when the agent asked)."""
+        uploading = None if self._uploads is None else self._uploads.busy()
+        reserved = torch.cuda.memory_reserved() if torch.cuda.is_initialized() else None
+        self._live.step_done(self.step, samples, self.micro_batch, self.accumulation,
+                             uploading, reserved)
 
     def memory_alert(self) -> None:
         """A memory alert fired (callable from any thread): the next step boundary
@@ -907,10 +918,10 @@ class Run:
                           action=rule.key, **changed, **_reading_fields(reading))
 
     def _record_memory(self) -> None:
-        if torch.cuda.is_initialized():  # cheap, every step (never initialises CUDA)
-            key = str(self.micro_batch)
-            peak = torch.cuda.max_memory_allocated()
-            self._peak_memory[key] = max(self._peak_memory.get(key, 0), peak)
+        """The step's peak on the card, kept per micro-batch size (CUDA in use)."""
+        key = str(self.micro_batch)
+        peak = torch.cuda.max_memory_allocated()
+        self._peak_memory[key] = max(self._peak_memory.get(key, 0), peak)
 
 
 def _reading_fields(reading: memory_control.Reading | None) -> dict[str, Any]:

@@ -20,12 +20,13 @@ from burst import events
 from burst.cli import main
 from burst.report.charts import HEIGHT, WIDTH
 from burst.store import LocalStore
+from burst.supervise import faults
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def train(store: Path, steps_before_oom: int | None) -> None:
-    """Train in-process; with ``steps_before_oom``, a CUDA OOM hits the next step."""
+def train(store: Path, expect_oom: bool) -> None:
+    """Train in-process; ``expect_oom``: the ``BURST_FAULT`` drill set stops this one."""
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
     model = torch.nn.Linear(4, 1)
@@ -33,12 +34,10 @@ def train(store: Path, steps_before_oom: int | None) -> None:
     run = burst.Run("story", store=store, global_batch=8, micro_batch=4, persist_every=2)
     run.attach(model, optimizer)
     loader = DataLoader(data, batch_size=run.micro_batch, sampler=burst.ResumableSampler(data))
-    expected = pytest.raises(SystemExit) if steps_before_oom else contextlib.nullcontext()
+    expected = pytest.raises(SystemExit) if expect_oom else contextlib.nullcontext()
     with expected, run:  # the run's guard turns the OOM into a snapshot and SystemExit(86)
         for _ in run.epochs(2):
             for step in run.steps(loader):
-                if step.index == (steps_before_oom or 0) + 1:
-                    raise torch.cuda.OutOfMemoryError("CUDA out of memory (test)")
                 for x, y in step:
                     loss = torch.nn.functional.mse_loss(model(x), y)
                     (loss * step.weight(len(x))).backward()
@@ -68,10 +67,12 @@ def png_size(path: Path) -> tuple[int, int]:
 
 
 @pytest.fixture
-def story(tmp_path) -> Path:
+def story(tmp_path, monkeypatch) -> Path:
     store = tmp_path / "store"
-    train(store, steps_before_oom=5)
-    train(store, steps_before_oom=None)  # resumes after the OOM and finishes
+    # a real CUDA OOM in step 6, as a drill raises it on a CPU (which has no CUDA to run out)
+    monkeypatch.setenv(faults.ENV_FAULT, "oom@6")
+    train(store, expect_oom=True)
+    train(store, expect_oom=False)  # the drill fired once: resumes after it and finishes
     gib = 1024**3
     for used in (10, 20, 21):  # what the agent's NVML watch records on a GPU box
         events.append(LocalStore(store), "story", "gpu-sample", source="agent",

@@ -20,6 +20,7 @@ from burst.snapshot.tiers import Captured, write_snapshot
 from burst.state import capture as state_mod
 from burst.state import tree
 from burst.store import LocalStore
+from burst.supervise import faults
 
 
 class Normed(torch.nn.Module):
@@ -46,6 +47,7 @@ def one_step(run: burst.Run, model: torch.nn.Module, optimizer, x: torch.Tensor)
 
 def test_an_oom_mid_step_saves_the_buffers_of_the_step_boundary(tmp_path, monkeypatch):
     monkeypatch.setenv(FREEZE_ENV, "0")  # no environment freeze: not what this is about
+    monkeypatch.setenv(faults.ENV_FAULT, "oom@4")  # a CPU runs out of CUDA memory in drills
     torch.manual_seed(0)
     model = Normed()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -62,6 +64,31 @@ def test_an_oom_mid_step_saves_the_buffers_of_the_step_boundary(tmp_path, monkey
     run.flush()
     manifest = state_mod.decode(*_newest(tmp_path / "store", "bn"))
     for name, value in boundary.items():
+        assert torch.equal(manifest["model"][name], value), name
+
+
+def test_without_cuda_or_a_drill_an_oom_save_keeps_the_ram_shadow_of_the_boundary(
+        tmp_path, monkeypatch):
+    """A process that never used CUDA marks no boundary (nothing it runs can raise a CUDA
+    OOM); should one come, the save falls back on the RAM shadow, never on mid-step state."""
+    monkeypatch.setenv(FREEZE_ENV, "0")
+    monkeypatch.delenv(faults.ENV_FAULT, raising=False)
+    torch.manual_seed(0)
+    model = Normed()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    run = burst.Run("cpu", store=tmp_path / "store", global_batch=4, shadow_every=3,
+                    persist_seconds=None)
+    run.attach(model, optimizer)
+    for _ in range(3):
+        one_step(run, model, optimizer, torch.randn(4, 3))
+    shadowed = {k: v.clone() for k, v in model.state_dict().items()}  # step 3's shadow
+    one_step(run, model, optimizer, torch.randn(4, 3))
+    run.begin_step()
+    model(torch.randn(4, 3) * 5)
+    assert run.save_boundary("oom") == 3
+    run.flush()
+    manifest = state_mod.decode(*_newest(tmp_path / "store", "cpu"))
+    for name, value in shadowed.items():
         assert torch.equal(manifest["model"][name], value), name
 
 
