@@ -1,6 +1,6 @@
-"""Benchmark: push and pull against SeaweedFS over TLS on loopback, beside like-for-like boto3.
+"""Benchmark: push and pull against an S3 server over TLS on loopback, beside like-for-like boto3.
 
-    .venv/bin/python scripts/bench_store.py [--gib 0.25] [--repeat 5]
+    .venv/bin/python scripts/bench_store.py [--gib 0.25] [--repeat 5] [--server rclone]
 
 Prints, for the same bytes in the same run (runs interleaved, medians reported, since a
 shared machine is noisy):
@@ -19,6 +19,12 @@ shared machine is noisy):
 Each case also shows the CPU seconds spent on burst's side (this process) and by the
 server, and the push ratio those allow at best: on a machine whose cores the server
 shares, a push cannot finish faster than the server's own CPU time for the bytes.
+
+The server is SeaweedFS (``weed mini``: an S3 gateway in front of a filer and a volume
+server, about 17 s of CPU per GiB written) or, with ``--server rclone``, ``rclone serve
+s3`` over plain files (about 8 s per GiB). Both run on the client's cores, so the push
+figure says more about the server than about burst; the cheaper server shows more of
+the difference burst makes.
 
 Not a timed test: numbers depend on the machine (here transfers are CPU-bound, and the
 server runs on the same cores). burst's pull also fsyncs what it wrote; boto3 does not.
@@ -55,10 +61,12 @@ from tests.store_servers import (  # noqa: E402
     BUCKET,
     SECRET_KEY,
     self_signed_cert,
+    start_rclone,
     start_seaweed,
     stop,
 )
 
+SERVERS = {"seaweed": start_seaweed, "rclone": start_rclone}
 TENSOR = 64 << 20  # bytes per tensor (one blob each)
 Case = tuple[Callable[[], object], Callable[[], None]]  # (timed, reset before it)
 
@@ -112,6 +120,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gib", type=float, default=0.25)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--server", choices=sorted(SERVERS), default="seaweed",
+                        help="the S3 server on loopback (see the module's docstring)")
     args = parser.parse_args()
     total = max(TENSOR, int(args.gib * (1 << 30)))
     work = Path(tempfile.mkdtemp(prefix="burst-bench-"))
@@ -119,17 +129,17 @@ def main() -> None:
                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_CONFIG_FILE": os.devnull,
                        "AWS_SHARED_CREDENTIALS_FILE": os.devnull, "BURST_CONFIG": os.devnull})
     cert, key = self_signed_cert(work)
-    server = start_seaweed(work / "seaweed", cert, key)
+    server = SERVERS[args.server](work / args.server, cert, key)
     os.environ["AWS_CA_BUNDLE"] = str(cert)
     try:
-        run(server, work, total, args.repeat)
+        run(server, args.server, work, total, args.repeat)
     finally:
         assert server.process is not None
         stop(server.process)
         shutil.rmtree(work, ignore_errors=True)
 
 
-def run(server, work: Path, total: int, repeat: int) -> None:
+def run(server, name: str, work: Path, total: int, repeat: int) -> None:
     import boto3
     import botocore.config
 
@@ -182,14 +192,14 @@ def run(server, work: Path, total: int, repeat: int) -> None:
                lambda: copy.unlink(missing_ok=True)),
     }
     assert server.process is not None
-    report(interleaved(cases, repeat, server.process.pid), size, repeat)
+    report(interleaved(cases, repeat, server.process.pid), size, repeat, name)
     fine_tune(work, server.endpoint)
 
 
-def report(measured: dict[str, Measured], size: int, repeat: int) -> None:
+def report(measured: dict[str, Measured], size: int, repeat: int, server: str) -> None:
     mib = size / (1 << 20)
     med = {name: statistics.median(m.wall) for name, m in measured.items()}
-    print(f"\n{mib:.0f} MiB snapshot, SeaweedFS over TLS on 127.0.0.1, median of {repeat} "
+    print(f"\n{mib:.0f} MiB snapshot, {server} over TLS on 127.0.0.1, median of {repeat} "
           "interleaved runs (min-max), and CPU seconds of burst's side and of the server:")
     for name, m in measured.items():
         print(f"  {name:30s} {med[name]:7.2f} s  {mib / med[name]:6.0f} MiB/s  "

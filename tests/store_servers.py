@@ -210,27 +210,37 @@ def seaweed(tmp_path_factory: pytest.TempPathFactory, tls_cert) -> Iterator[S3Se
         stop(server.process)
 
 
-@pytest.fixture(scope="session")
-def rclone_s3(tmp_path_factory: pytest.TempPathFactory, tls_cert) -> Iterator[S3Server]:
-    """rclone's S3 server over TLS: strict about Content-Length, like OSS, COS and OBS."""
+def start_rclone(base: Path, cert: Path, key: Path) -> S3Server:
+    """Start ``rclone serve s3`` (HTTPS) over a folder under ``base``; the bucket exists."""
     rclone = _binary("rclone")
-    base = tmp_path_factory.mktemp("rclone")
-    (base / "data" / BUCKET).mkdir(parents=True)
+    (base / "data" / BUCKET).mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = base / "rclone.log"
     env = {**os.environ, "RCLONE_CONFIG": str(base / "rclone.conf")}
     with open(log, "wb") as out:
         process = subprocess.Popen(
-            [rclone, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--cert", str(tls_cert[0]),
-             "--key", str(tls_cert[1]), "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}",
+            [rclone, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--cert", str(cert),
+             "--key", str(key), "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}",
              str(base / "data")], stdout=out, stderr=subprocess.STDOUT, env=env)
-    server = S3Server(f"https://127.0.0.1:{port}", str(tls_cert[0]), process)
+    server = S3Server(f"https://127.0.0.1:{port}", str(cert), process)
     try:
         wait_until(lambda: server.client().list_objects_v2(Bucket=BUCKET) is not None,
                    "rclone serve s3", process, log=log)
+    except BaseException:
+        stop(process)
+        raise
+    return server
+
+
+@pytest.fixture(scope="session")
+def rclone_s3(tmp_path_factory: pytest.TempPathFactory, tls_cert) -> Iterator[S3Server]:
+    """rclone's S3 server over TLS: strict about Content-Length, like OSS, COS and OBS."""
+    server = start_rclone(tmp_path_factory.mktemp("rclone"), *tls_cert)
+    try:
         yield server
     finally:
-        stop(process)
+        assert server.process is not None
+        stop(server.process)
 
 
 @pytest.fixture(scope="session")
