@@ -197,13 +197,16 @@ class Guard:
             source = "RAM shadow (the optimizer step was interrupted)"
             saved = run.persist_shadow("oom")
         else:
-            source = "live state at the last step boundary"
             saved = run.save_boundary("oom")
+            # several ranks, or no boundary marked (CUDA unused): the RAM shadow
+            source = ("live state at the last step boundary" if saved == run.step
+                      else "RAM shadow")
         run.record_event("failure", kind="oom", step=run.step + 1,
                          in_optimizer_step=in_optimizer, snapshot_step=saved, error=summary,
                          **run.layout())
         self._flush(None)
-        outcome = f"snapshot of step {saved} from the {source}"
+        outcome = f"snapshot of step {saved} from the {source}" if saved is not None else \
+            _kept(saved)
         self._leave_record("oom", failure.EXIT_OOM, run.step + 1,
                            f"{summary}; micro-batch {run.micro_batch}; {outcome}")
         _say(f"CUDA out of memory in step {run.step + 1} (micro-batch {run.micro_batch}); "

@@ -28,6 +28,8 @@ PROGRAM = textwrap.dedent("""
                             sampler=burst.ResumableSampler(data, seed=0))
         for epoch in run.epochs(1):
             for step in run.steps(loader):
+                if step.index == int(sys.argv[3]):  # the program's own error, not a drill
+                    raise torch.cuda.OutOfMemoryError("CUDA out of memory (the program's)")
                 for x, y in step:
                     loss = torch.nn.functional.mse_loss(model(x), y) * step.weight(len(x))
                     loss.backward()
@@ -37,12 +39,13 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def run_program(tmp_path, fault: str, shadow_every: int = 100) -> subprocess.CompletedProcess:
+def run_program(tmp_path, fault: str, shadow_every: int = 100, raise_at: int = 0
+                ) -> subprocess.CompletedProcess:
     tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "train.py"
     script.write_text(PROGRAM)
     return subprocess.run([sys.executable, str(script), str(tmp_path / "store"),
-                           str(shadow_every)],
+                           str(shadow_every), str(raise_at)],
                           capture_output=True, text=True, timeout=120, check=False,
                           env={**os.environ, "BURST_FAULT": fault, "BURST_FREEZE": "0"})
 
@@ -68,6 +71,16 @@ def test_the_oom_snapshot_holds_the_batchnorm_statistics_of_the_boundary(tmp_pat
         tensors = load_tensors(store, snapshot.read_manifest(store, "guarded"))
         means.append(next(t for name, t in tensors.items() if name.endswith("running_mean")))
     assert torch.equal(means[0], means[1])
+
+
+def test_a_cuda_oom_where_cuda_was_never_used_exits_86_with_the_ram_shadow(tmp_path):
+    """No step boundary is marked where nothing can raise a CUDA OOM (but a drill); one
+    raised anyway (here by the program) keeps the RAM shadow and says so."""
+    done = run_program(tmp_path, "", shadow_every=2, raise_at=4)
+    assert done.returncode == 86, done.stderr
+    assert "snapshot of step 2 from the RAM shadow" in done.stderr
+    manifest = snapshot.read_manifest(LocalStore(tmp_path / "store"), "guarded")
+    assert manifest["step"] == 2 and manifest["reason"] == "oom"
 
 
 def test_a_sticky_error_inside_the_with_block_exits_87_with_the_ram_shadow(tmp_path):
