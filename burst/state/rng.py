@@ -5,8 +5,9 @@ already in use, each CUDA device's generator. CUDA is never initialised just to 
 state: a process that has not touched the GPU has no CUDA randomness to preserve.
 
 :func:`capture` runs at every optimizer-step boundary of a run using CUDA (the state a
-CUDA OOM falls back to), so it only copies: the generators' states are kept as the objects their libraries hand out
-(Python's tuple, NumPy's key array, torch's byte tensors), never walked into lists.
+CUDA OOM falls back to), so it only copies: the generators' states are kept as the
+objects their libraries hand out (Python's tuple, NumPy's key array, torch's byte
+tensors), never walked into lists.
 :func:`storable` turns a captured state into the form a snapshot holds, the two 624-word
 Mersenne Twister keys as int64 tensors (stored as blobs, not as 1,249 JSON numbers), and
 only when a snapshot is taken. :func:`restore` and :func:`check` accept that form, the
