@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import hashlib
 import os
 import statistics
 import tempfile
@@ -42,6 +41,7 @@ from pathlib import Path
 import torch
 
 import burst
+from burst.resume.bootstrap import sha256_of  # what sha256sum prints, one thread
 
 
 def build(gigabytes: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
@@ -126,7 +126,7 @@ def main() -> None:
             touch_moments()
 
     def torch_restore(mmap: bool, touch: bool = False, digest: str | None = None) -> None:
-        if digest is not None and file_sha256(saved) != digest:
+        if digest is not None and sha256_of(str(saved)) != digest:
             raise SystemExit(f"{saved} changed under the benchmark")
         loaded = torch.load(saved, weights_only=True, mmap=mmap)
         model.load_state_dict(loaded["model"])
@@ -149,7 +149,7 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in {**writes, **reads}}
     digest = ""
     for cases in (writes, reads):
-        digest = file_sha256(saved) if saved.exists() else digest  # the last save's, once
+        digest = sha256_of(str(saved)) if saved.exists() else digest  # the last save's, once
         for _ in range(args.repeat):
             for name, fn in cases.items():
                 times[name] += timed(fn, 1)
@@ -191,15 +191,6 @@ def main() -> None:
     print(f"restore / checked mmap load  = {med(restore_times) / med(checked_times):.2f}x  "
           "(like for like: both check every byte before use)")
     print(f"the same, moments then touched = {med(restore_touched) / med(checked_touched):.2f}x")
-
-
-def file_sha256(path: Path) -> str:
-    """What ``sha256sum`` prints for ``path`` (read in 8 MiB chunks, one thread)."""
-    hasher = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(8 << 20):
-            hasher.update(chunk)
-    return hasher.hexdigest()
 
 
 if __name__ == "__main__":

@@ -33,7 +33,6 @@ server runs on the same cores). burst's pull also fsyncs what it wrote; boto3 do
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import shutil
 import statistics
@@ -52,6 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import burst  # noqa: E402
+from burst.resume.bootstrap import sha256_of  # noqa: E402
 from burst.snapshot import sync  # noqa: E402
 from burst.snapshot import tiers as snapshot  # noqa: E402
 from burst.snapshot.tiers import Captured  # noqa: E402
@@ -75,14 +75,6 @@ def model_state(total: int) -> dict[str, torch.Tensor]:
     """``total`` bytes of random float32 tensors, one blob each."""
     g = torch.Generator().manual_seed(0)
     return {f"t.{i}": torch.randn(TENSOR // 4, generator=g) for i in range(total // TENSOR)}
-
-
-def file_sha256(path: Path) -> str:
-    hasher = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(8 << 20):
-            hasher.update(chunk)
-    return hasher.hexdigest()
 
 
 def process_cpu(pid: int) -> float:
@@ -168,12 +160,12 @@ def run(server, name: str, work: Path, total: int, repeat: int) -> None:
     pulled, down, copy = work / "pulled", work / "down.bin", work / "copy.bin"
 
     def hashed_upload() -> None:
-        file_sha256(flat)
+        sha256_of(str(flat))
         client.upload_file(str(flat), BUCKET, f"boto/{uuid.uuid4().hex}")
 
     def hashed_download() -> None:
         client.download_file(BUCKET, key, str(down))
-        file_sha256(down)
+        sha256_of(str(down))
 
     def nothing() -> None:
         pass
