@@ -45,26 +45,35 @@ def one_step(run: burst.Run, model: torch.nn.Module, optimizer, x: torch.Tensor)
     run.end_step(len(x))
 
 
-def test_an_oom_mid_step_saves_the_buffers_of_the_step_boundary(tmp_path, monkeypatch):
-    monkeypatch.setenv(FREEZE_ENV, "0")  # no environment freeze: not what this is about
-    monkeypatch.setenv(faults.ENV_FAULT, "oom@4")  # a CPU runs out of CUDA memory in drills
+def trained(tmp_path, run_id: str, shadow_every: int) -> tuple[burst.Run, Normed, dict]:
+    """A run of ``Normed`` three steps in, and its model's state at that boundary."""
     torch.manual_seed(0)
     model = Normed()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    run = burst.Run("bn", store=tmp_path / "store", global_batch=4, shadow_every=1000,
-                    persist_seconds=None)
+    run = burst.Run(run_id, store=tmp_path / "store", global_batch=4,
+                    shadow_every=shadow_every, persist_seconds=None)
     run.attach(model, optimizer)
     for _ in range(3):
         one_step(run, model, optimizer, torch.randn(4, 3))
-    boundary = {k: v.clone() for k, v in model.state_dict().items()}
+    return run, model, {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def assert_newest_holds(tmp_path, run_id: str, expected: dict[str, torch.Tensor]) -> None:
+    manifest = state_mod.decode(*_newest(tmp_path / "store", run_id))
+    for name, value in expected.items():
+        assert torch.equal(manifest["model"][name], value), name
+
+
+def test_an_oom_mid_step_saves_the_buffers_of_the_step_boundary(tmp_path, monkeypatch):
+    monkeypatch.setenv(FREEZE_ENV, "0")  # no environment freeze: not what this is about
+    monkeypatch.setenv(faults.ENV_FAULT, "oom@4")  # a CPU runs out of CUDA memory in drills
+    run, model, boundary = trained(tmp_path, "bn", shadow_every=1000)
     run.begin_step()
     model(torch.randn(4, 3) * 5)  # the forward of a step that then runs out of memory
     assert not torch.equal(model.norm.running_mean, boundary["norm.running_mean"])
     assert run.save_boundary("oom") == 3
     run.flush()
-    manifest = state_mod.decode(*_newest(tmp_path / "store", "bn"))
-    for name, value in boundary.items():
-        assert torch.equal(manifest["model"][name], value), name
+    assert_newest_holds(tmp_path, "bn", boundary)
 
 
 def test_without_cuda_or_a_drill_an_oom_save_keeps_the_ram_shadow_of_the_boundary(
@@ -73,23 +82,13 @@ def test_without_cuda_or_a_drill_an_oom_save_keeps_the_ram_shadow_of_the_boundar
     OOM); should one come, the save falls back on the RAM shadow, never on mid-step state."""
     monkeypatch.setenv(FREEZE_ENV, "0")
     monkeypatch.delenv(faults.ENV_FAULT, raising=False)
-    torch.manual_seed(0)
-    model = Normed()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    run = burst.Run("cpu", store=tmp_path / "store", global_batch=4, shadow_every=3,
-                    persist_seconds=None)
-    run.attach(model, optimizer)
-    for _ in range(3):
-        one_step(run, model, optimizer, torch.randn(4, 3))
-    shadowed = {k: v.clone() for k, v in model.state_dict().items()}  # step 3's shadow
-    one_step(run, model, optimizer, torch.randn(4, 3))
+    run, model, shadowed = trained(tmp_path, "cpu", shadow_every=3)  # step 3's shadow
+    one_step(run, model, run.components.optimizer, torch.randn(4, 3))
     run.begin_step()
     model(torch.randn(4, 3) * 5)
     assert run.save_boundary("oom") == 3
     run.flush()
-    manifest = state_mod.decode(*_newest(tmp_path / "store", "cpu"))
-    for name, value in shadowed.items():
-        assert torch.equal(manifest["model"][name], value), name
+    assert_newest_holds(tmp_path, "cpu", shadowed)
 
 
 def test_a_snapshot_with_the_older_list_keys_resumes_exactly(tmp_path):
