@@ -23,9 +23,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -133,6 +134,31 @@ def wait_until(check, what: str, process: subprocess.Popen | None, timeout: floa
     raise RuntimeError(f"{what} did not come up within {timeout:.0f}s")
 
 
+def launch(args: list[str], log: Path, endpoint: str, cert: Path,
+           ready: Callable[[S3Server], object], what: str, **popen: Any) -> S3Server:
+    """Start an S3 server (its output in ``log``); return once ``ready(server)`` holds,
+    and stop it if it never does."""
+    with open(log, "wb") as out:
+        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, **popen)
+    server = S3Server(endpoint, str(cert), process)
+    try:
+        wait_until(lambda: ready(server), what, process, log=log)
+    except BaseException:
+        stop(process)
+        raise
+    return server
+
+
+@contextlib.contextmanager
+def serving(server: S3Server) -> Iterator[S3Server]:
+    """The server for a session fixture, stopped when the session ends."""
+    try:
+        yield server
+    finally:
+        assert server.process is not None
+        stop(server.process)
+
+
 def stop(process: subprocess.Popen) -> None:
     process.terminate()
     try:
@@ -179,35 +205,23 @@ def start_seaweed(base: Path, cert: Path, key: Path) -> S3Server:
             f"-s3.cert.file={cert}", f"-s3.key.file={key}",
             f"-s3.config={base / 's3.json'}", "-master.volumeSizeLimitMB=256",
             *(f"-{k}={v}" for k, v in ports.items())]
-    log = base / "weed.log"
-    with open(log, "wb") as out:
-        process = subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, cwd=base)
-    server = S3Server(f"https://127.0.0.1:{https}", str(cert), process)
 
-    def ready() -> bool:
+    def ready(server: S3Server) -> bool:
         client = server.client()
         with contextlib.suppress(client.exceptions.BucketAlreadyOwnedByYou):
             client.create_bucket(Bucket=BUCKET)
         client.put_object(Bucket=BUCKET, Key="ready", Body=b"ok")
         return True
 
-    try:
-        wait_until(ready, "weed mini", process, log=log)
-    except BaseException:
-        stop(process)
-        raise
-    return server
+    return launch(args, base / "weed.log", f"https://127.0.0.1:{https}", cert, ready,
+                  "weed mini", cwd=base)
 
 
 @pytest.fixture(scope="session")
 def seaweed(tmp_path_factory: pytest.TempPathFactory, tls_cert) -> Iterator[S3Server]:
     """SeaweedFS's all-in-one server with its S3 gateway on HTTPS."""
-    server = start_seaweed(tmp_path_factory.mktemp("seaweed"), *tls_cert)
-    try:
+    with serving(start_seaweed(tmp_path_factory.mktemp("seaweed"), *tls_cert)) as server:
         yield server
-    finally:
-        assert server.process is not None
-        stop(server.process)
 
 
 def start_rclone(base: Path, cert: Path, key: Path) -> S3Server:
@@ -215,32 +229,19 @@ def start_rclone(base: Path, cert: Path, key: Path) -> S3Server:
     rclone = _binary("rclone")
     (base / "data" / BUCKET).mkdir(parents=True, exist_ok=True)
     port = free_port()
-    log = base / "rclone.log"
-    env = {**os.environ, "RCLONE_CONFIG": str(base / "rclone.conf")}
-    with open(log, "wb") as out:
-        process = subprocess.Popen(
-            [rclone, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--cert", str(cert),
-             "--key", str(key), "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}",
-             str(base / "data")], stdout=out, stderr=subprocess.STDOUT, env=env)
-    server = S3Server(f"https://127.0.0.1:{port}", str(cert), process)
-    try:
-        wait_until(lambda: server.client().list_objects_v2(Bucket=BUCKET) is not None,
-                   "rclone serve s3", process, log=log)
-    except BaseException:
-        stop(process)
-        raise
-    return server
+    args = [rclone, "serve", "s3", "--addr", f"127.0.0.1:{port}", "--cert", str(cert),
+            "--key", str(key), "--auth-key", f"{ACCESS_KEY},{SECRET_KEY}", str(base / "data")]
+    return launch(args, base / "rclone.log", f"https://127.0.0.1:{port}", cert,
+                  lambda server: server.client().list_objects_v2(Bucket=BUCKET) is not None,
+                  "rclone serve s3",
+                  env={**os.environ, "RCLONE_CONFIG": str(base / "rclone.conf")})
 
 
 @pytest.fixture(scope="session")
 def rclone_s3(tmp_path_factory: pytest.TempPathFactory, tls_cert) -> Iterator[S3Server]:
     """rclone's S3 server over TLS: strict about Content-Length, like OSS, COS and OBS."""
-    server = start_rclone(tmp_path_factory.mktemp("rclone"), *tls_cert)
-    try:
+    with serving(start_rclone(tmp_path_factory.mktemp("rclone"), *tls_cert)) as server:
         yield server
-    finally:
-        assert server.process is not None
-        stop(server.process)
 
 
 @pytest.fixture(scope="session")
