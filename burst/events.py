@@ -1,15 +1,33 @@
-"""A run's history: one JSON line per event in ``<run-id>/events.jsonl`` in its store.
+"""A run's history: JSON lines of events (failures, launches, resumes, node exits) in its store.
 
 Starts, resumes, snapshots, failures and launches all land here, so ``burst status``
 and the planner can read what happened without asking the process that did it.
-Local files are appended to in one write (the agent and the training process share
-the file); object stores cannot append, so there it is a read-modify-write under a lock; losing an event to a crash is acceptable, losing a snapshot is not, which is why
-snapshots never depend on this file.
+
+Where the lines live depends on what the store can do:
+
+- a store that appends (a local directory: the local tier, a ``file://`` store) keeps one
+  file, ``<run-id>/events.jsonl``, appended to in one ``O_APPEND`` write, so the agent and
+  the training process share it safely;
+- an object store cannot append, and several writers reach it at once (the nodes of one
+  job finishing together, the resume that launched them, the laptop's uploads). A
+  read-modify-write of one shared object there loses whichever write lands first: the
+  decisive ``node-exit`` of one node could vanish. So each writing process keeps its own
+  object, ``<run-id>/history/<writer>.jsonl``, which nobody else writes: its
+  read-modify-write races no one.
+
+A reader takes the union of ``events.jsonl`` and every history object, each line once,
+ordered by time (lines of the same millisecond keep their written order). Losing an event
+to a crash is acceptable, losing a snapshot is not, which is why snapshots never depend on
+the history.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
+import secrets
+import socket
 import threading
 import warnings
 from collections.abc import Callable
@@ -21,10 +39,37 @@ from burst.store.base import Store
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 _LOCK = threading.Lock()
+_WRITER: dict[int, str] = {}  # pid -> this process's writer name (a fork gets its own)
 
 
 def key(run_id: str) -> str:
+    """The shared history file (appended to where the store appends)."""
     return f"{run_id}/events.jsonl"
+
+
+def history_prefix(run_id: str) -> str:
+    return f"{run_id}/history/"
+
+
+def writer_key(run_id: str, writer: str) -> str:
+    """The history object only ``writer`` ever writes."""
+    return f"{history_prefix(run_id)}{writer}.jsonl"
+
+
+def process_writer() -> str:
+    """This process's writer name: host, pid and a random part (a reused pid, or the
+    same pid on another host, never names the same object)."""
+    pid = os.getpid()
+    if pid not in _WRITER:
+        host = socket.gethostname().split(".")[0] or "host"
+        safe = "".join(c if c.isalnum() or c in "-_" else "-" for c in host)[:32]
+        _WRITER[pid] = f"{safe}-{pid}-{secrets.token_hex(4)}"
+    return _WRITER[pid]
+
+
+def exists(store: Store, run_id: str) -> bool:
+    """Whether the run has any history in ``store``."""
+    return store.size(key(run_id)) is not None or bool(store.list(history_prefix(run_id)))
 
 
 def append(store: Store, run_id: str, event_name: str, /, **fields: Any) -> dict:
@@ -34,13 +79,18 @@ def append(store: Store, run_id: str, event_name: str, /, **fields: Any) -> dict
     if hasattr(store, "append"):  # a local file: a true append, safe across processes
         store.append(key(run_id), line.encode())
         return event
+    _extend_own(store, writer_key(run_id, process_writer()), line.encode())
+    return event
+
+
+def _extend_own(store: Store, own: str, data: bytes) -> None:
+    """Add ``data`` to an object only this process writes (the lock: its threads)."""
     with _LOCK:
         try:
-            existing = store.get(key(run_id))
+            existing = store.get(own)
         except KeyError:
             existing = b""
-        store.put(key(run_id), existing + line.encode())
-    return event
+        store.put(own, existing + data)
 
 
 def record(store: Store, run_id: str, event_name: str, /, *,
@@ -67,18 +117,26 @@ def merge(src: Store, dst: Store, run_id: str) -> bool:
 
     Several machines write a run's history (the laptop, the agent, a cloud node after a
     resume), each into its own local copy, so copying one file over another would lose
-    the other side's events. The union is ordered by time; events of the same
-    millisecond keep the order their writer gave them. Lines that are not events are
-    dropped (with a warning), never spread to another store.
+    the other side's events. Only the events ``dst`` lacks are written: appended where
+    ``dst`` appends, else added to this process's own history object there. Lines that
+    are not events are dropped (with a warning), never spread to another store.
     """
-    ours, theirs = _events(src, run_id), _events(dst, run_id)
-    known = {line for line, _ in theirs}
-    new = [(line, event) for line, event in ours if line not in known]
+    known = {line for line, _ in _events(dst, run_id)}
+    new = [line for line, _ in _events(src, run_id) if line not in known]
     if not new:
         return False
-    merged = sorted(theirs + new, key=lambda pair: str(pair[1].get("time", "")))  # stable
-    dst.put(key(run_id), "".join(line + "\n" for line, _ in merged).encode())
+    data = "".join(line + "\n" for line in new).encode()
+    if hasattr(dst, "append"):
+        dst.append(key(run_id), data)
+    else:
+        _extend_own(dst, writer_key(run_id, _merge_writer(src)), data)
     return True
+
+
+def _merge_writer(src: Store) -> str:
+    """The object a merge from ``src`` writes: this process's, named for ``src`` too."""
+    tag = hashlib.sha256(src.url.encode()).hexdigest()[:8]
+    return f"{process_writer()}-{tag}"
 
 
 def read(store: Store, run_id: str) -> list[dict]:
@@ -87,29 +145,34 @@ def read(store: Store, run_id: str) -> list[dict]:
 
 
 def _events(store: Store, run_id: str) -> list[tuple[str, dict]]:
-    """Each line of the history that holds an event, with the event.
+    """Each line of the history that holds an event, with the event, each line once,
+    ordered by time (stable: a writer's lines of one millisecond keep their order).
 
-    The file is anyone's to damage (a crash mid-line, a hostile store: one line nested
+    The history is anyone's to damage (a crash mid-line, a hostile store: one line nested
     50,000 deep), and every reader of a run (status, report, pull, the agent) goes
-    through here, so a bad line costs a warning, one per file, never the command.
+    through here, so a bad line costs a warning, one per read, never the command.
     """
-    try:
-        data = store.get(key(run_id)).decode(errors="replace")
-    except KeyError:
-        return []
-    out, bad = [], 0
-    for line in data.splitlines():
-        if not line.strip():
+    out: list[tuple[str, dict]] = []
+    seen: set[str] = set()
+    bad = 0
+    for name in [key(run_id), *sorted(store.list(history_prefix(run_id)))]:
+        try:
+            data = store.get(name).decode(errors="replace")
+        except KeyError:
             continue
-        event = _parse(line)
-        if event is None:
-            bad += 1
-        else:
+        for line in data.splitlines():
+            if not line.strip() or line in seen:
+                continue
+            event = _parse(line)
+            if event is None:
+                bad += 1
+                continue
+            seen.add(line)
             out.append((line, event))
     if bad:
-        warnings.warn(f"burst: skipped {bad} line(s) of {key(run_id)} in {store.url} that are "
-                      "not events", RuntimeWarning, stacklevel=3)
-    return out
+        warnings.warn(f"burst: skipped {bad} line(s) of the history of {run_id} in {store.url} "
+                      "that are not events", RuntimeWarning, stacklevel=3)
+    return sorted(out, key=lambda pair: str(pair[1].get("time", "")))
 
 
 def _parse(line: str) -> dict | None:

@@ -13,7 +13,9 @@ fire a given number of times (``times=None``: every time), and do one of:
 - ``drop-response``: forward (the server applies it), then RST with no answer;
 - ``corrupt``: forward, flip one byte of the response body;
 - ``slow``: read the request body and send the response body in small delayed chunks;
-- ``lie``: answer 200 with an ETag and store nothing (a broken gateway or cache).
+- ``lie``: answer 200 with an ETag and store nothing (a broken gateway or cache);
+- ``latency``: forward, then hold the answer for :data:`LATENCY` seconds (a store far
+  away: what another writer does meanwhile lands first).
 """
 
 from __future__ import annotations
@@ -30,7 +32,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlparse
 
 KINDS = ("500", "503", "slowdown", "reset-request", "reset-response", "truncate",
-         "drop-response", "corrupt", "slow", "lie")
+         "drop-response", "corrupt", "slow", "lie", "latency")
+LATENCY = 1.0
 _HOP = {"connection", "keep-alive", "transfer-encoding", "proxy-connection", "upgrade"}
 
 
@@ -128,6 +131,8 @@ class _Handler(BaseHTTPRequestHandler):
         status, headers, payload = self._forward(body)
         if fault == "drop-response":
             return self._reset()
+        if fault == "latency":
+            time.sleep(LATENCY)
         if fault == "corrupt" and payload:
             payload = bytes([payload[0] ^ 0xFF]) + payload[1:]
         self.send_response(status)

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import click
 
+from burst import events
 from burst.cli.options import json_option, local_option, store_option
 from burst.errors import SnapshotError
 from burst.store import Store, is_local, open_store
@@ -51,7 +52,7 @@ def _holds(store: Store, run_id: str) -> bool:
     """Whether ``store`` has a snapshot or an event of ``run_id`` (two small listings, not
     a walk over every blob)."""
     return (bool(store.list(f"{run_id}/snapshots/"))
-            or store.size(f"{run_id}/events.jsonl") is not None)
+            or events.exists(store, run_id))
 
 
 COMMANDS = (report,)

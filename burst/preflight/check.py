@@ -124,9 +124,9 @@ def _known(store: Store, local: Store | None, run_id: str) -> None:
 
 def has_run(store: Store, run_id: str) -> bool:
     """Whether ``store`` holds anything of the run a burst reads: a snapshot, its history
-    or its frozen environment (three small lookups, never a listing of its blobs)."""
-    return bool(snapshot.list_steps(store, run_id)) or any(
-        store.size(key) is not None for key in (events.key(run_id), lockfile.latest_key(run_id)))
+    or its frozen environment (small lookups and listings, never of its blobs)."""
+    return (bool(snapshot.list_steps(store, run_id)) or events.exists(store, run_id)
+            or store.size(lockfile.latest_key(run_id)) is not None)
 
 
 def _placement(store: Store, run_id: str, offline: bool, required: bool) -> Row:
