@@ -46,9 +46,11 @@ def make_launcher(to: str, options: dict) -> Launcher:
     if to == "local":
         root = options.get("stub_root") or os.environ.get(STUB_ROOT_ENV) or ".burst-nodes"
         faults = Faults(options.get("stub_fail_first") or 0, options.get("stub_preempt_at"),
-                        options.get("stub_preempt") or "term")
+                        options.get("stub_preempt") or "term",
+                        tuple(options.get("stub_faults") or ()))
         return LocalLauncher(root, faults, node_python=options.get("node_python"),
-                             mode=options.get("mode") or "jobs", keep=bool(options.get("keep")))
+                             mode=options.get("mode") or "jobs", keep=bool(options.get("keep")),
+                             system=options.get("stub_system"))
     if to.startswith("ssh://"):
         target = Target.parse(check_parses(to, "--to"), options.get("ssh_config"), options.get("identity"),
                               options.get("known_hosts"))
@@ -74,7 +76,10 @@ def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool
         options=planner.Options(margin=options["margin"], amp=options["amp"], spot=policy),
         micro_batch=options["micro_batch"], command=command, software=software,
         secrets=split_csv(options["secrets"], "--secret"), managed=options["mode"] != "cluster",
-        max_restarts=options["max_restarts"], config=user_config.load(options["config_path"]),
+        max_restarts=options["max_restarts"],
+        max_preemptions=options.get("max_preemptions", restarts.DEFAULT_MAX_PREEMPTIONS),
+        preemption_hours=options.get("preemption_hours"),
+        config=user_config.load(options["config_path"]),
         skypilot_catalog=not options["offline"] and not os.environ.get(OFFLINE_ENV),
         remote_node=options["to"] != "local", dry_run=dry_run,
         temporary_credentials=bool(options.get("allow_temporary_credentials")),
@@ -107,8 +112,14 @@ def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool
               help="Cluster mode: keep the cluster when the run ends (idle only stops it).")
 @click.option("--max-restarts", type=click.IntRange(min=0),
               default=restarts.DEFAULT_MAX_RESTARTS, show_default=True,
-              help="Managed jobs: restarts (GPU failures, preemptions) before burst stops "
+              help="Managed jobs: restarts after errors (GPU failures) before burst stops "
                    "the job; counted in the store.")
+@click.option("--max-preemptions", type=click.IntRange(min=0),
+              default=restarts.DEFAULT_MAX_PREEMPTIONS, show_default=True,
+              help="Managed jobs: preemptions before burst stops the job (apart from errors).")
+@click.option("--preemption-hours", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Managed jobs: stop recovering preemptions once the job is this many hours "
+                   "old (a time budget; default: none).")
 @click.option("--secret", "secrets", multiple=True, metavar="NAME",
               help="Also pass this environment variable to the node as a secret.")
 @click.option("--node-python", default=None,
@@ -130,11 +141,17 @@ def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool
                    "of launching.")
 @click.option("--remote-dir", default=None, help="ssh: where node directories go.")
 @click.option("--stub-root", default=None, help=f"local: node directories (${STUB_ROOT_ENV}).")
+@click.option("--stub-system", default=None, metavar="DIR",
+              help="local: the sealed node's system root, another distribution's "
+                   "(debootstrap; $BURST_STUB_SYSTEM). Default: this machine's.")
 @click.option("--stub-fail-first", type=click.IntRange(min=0), default=0,
               help="local: refuse the first K candidates for capacity.")
 @click.option("--stub-preempt-at", type=click.IntRange(min=1), default=None,
               help="local: preempt the job at this optimizer step.")
 @click.option("--stub-preempt", type=click.Choice(["term", "kill"]), default="term")
+@click.option("--stub-fault", "stub_faults", multiple=True, metavar="SPEC",
+              help="local: the BURST_FAULT of each attempt in turn (term@N: a preemption "
+                   "notice, kill@N: the machine taken, sticky@N: a GPU failure).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--offline", is_flag=True, help="Embedded card table only (no SkyPilot catalog).")
 @click.option("--dry-run", is_flag=True, help="Plan, render, validate, print; launch nothing.")
@@ -207,6 +224,8 @@ def show(prepared: resume.Prepared, launcher: Launcher, console: Console) -> Non
     console.print(f"environment: lockfile {str(env.get('lockfile'))[:12]}, python "
                   f"{env.get('python')}, torch {env.get('torch')}, code "
                   f"{str(env.get('code'))[:12]}")
+    if env.get("node_python"):
+        console.print(f"node python: {escape(str(env['node_python']))}")
     table = Table(title="candidates, in failover order")
     for column in ("#", "card", "GPUs", "where", "spot", "micro", "accum", "AMP", "$/h"):
         table.add_column(column)

@@ -11,7 +11,10 @@ the job at optimizer step N (SIGTERM, as a cloud's preemption notice, or SIGKILL
 Recovery follows SkyPilot 0.14.1's managed-job controller (``sky/jobs/controller.py``,
 ``StrategyExecutor.should_restart_on_failure`` in ``sky/jobs/recovery_strategy.py``):
 
-- a preemption is always recovered, and counts against nothing;
+- a preemption that takes the machine (``kill``) is always recovered, and counts against
+  nothing; after a notice (``term``) the node stops cleanly while its machine is still up
+  at the controller's 5-second recheck, so the job is judged by its exit code (88 is
+  recovered only when it is in ``recover_on_exit_codes``, as burst renders it);
 - a failed job (its run, or its setup) is recovered when any node's exit code is in
   ``recover_on_exit_codes``, without counting; otherwise the failure is counted, and the
   job is recovered while the count is at most ``max_restarts_on_errors``, else it ends
@@ -50,6 +53,7 @@ from burst.errors import BurstError, ConfigError
 from burst.launch import LaunchResult, Reporter, sealed
 from burst.launch.task import RenderedTask
 from burst.parallel.launching import PORT_ENV
+from burst.supervise import faults as injected
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
@@ -69,17 +73,41 @@ class CapacityError(BurstError):
 
 @dataclass
 class Faults:
-    """What the stub simulates: capacity refusals and one preemption."""
+    """What the stub simulates: capacity refusals, and faults of the job's attempts.
+
+    ``attempts``: the ``BURST_FAULT`` of each attempt in turn (the first launch, then
+    each recovery), e.g. five preemptions and then a GPU failure; ``preempt_at`` is the
+    short form for one preemption of the first attempt. A ``term`` fault is a preemption
+    notice: the node stops cleanly (88) while its machine is still up when the managed-jobs
+    controller rechecks 5 seconds later, so the controller judges the job by its exit
+    code; a ``kill`` is the machine taken away (the cluster is gone: a preemption)."""
 
     fail_first: int = 0  # refuse the first K candidates at the first provisioning
     preempt_at: int | None = None  # preempt the first job at this optimizer step
     preempt: str = "term"  # term: SIGTERM (a preemption notice), kill: SIGKILL
+    attempts: tuple[str, ...] = ()  # each attempt's BURST_FAULT (overrides preempt_at)
 
     def __post_init__(self) -> None:
         if self.fail_first < 0 or (self.preempt_at is not None and self.preempt_at < 1):
             raise ConfigError("stub faults: fail-first must be >= 0 and preempt-at >= 1")
         if self.preempt not in ("term", "kill"):
             raise ConfigError(f"stub preemption must be term or kill, got {self.preempt!r}")
+        for spec in self.attempts:
+            injected.parse(spec)  # a typo is an error now, not a fault that never fires
+
+    def for_attempt(self, attempt: int) -> str | None:
+        """The ``BURST_FAULT`` of attempt ``attempt`` (0: the first launch)."""
+        if self.attempts:
+            return self.attempts[attempt] if attempt < len(self.attempts) else None
+        if attempt == 0 and self.preempt_at is not None:
+            return f"{self.preempt}@{self.preempt_at}"
+        return None
+
+    def preemption(self, attempt: int) -> str | None:
+        """``term`` (a notice) or ``kill`` (the machine taken) when that attempt is
+        preempted; None when it is not."""
+        kinds = [f.kind for f in injected.parse(self.for_attempt(attempt))]
+        return next((k for k in ("kill", "term") if k in kinds), None)
 
 
 @dataclass(frozen=True)
@@ -88,6 +116,7 @@ class Sealing:
 
     binds: tuple[Path, ...]  # a file:// store
     ports: tuple[int, ...] | None  # the store's loopback ports; None: this machine's network
+    system: Path = Path("/")  # whose /usr, /lib, /etc the node runs (another distribution's)
 
 
 class LocalLauncher:
@@ -97,14 +126,17 @@ class LocalLauncher:
     ``node_python``: the task runs this machine's interpreter (``--node-python``), which a
     sealed node cannot see, so such a node is not sealed (an error under ``require``).
     ``mode``: ``jobs`` (a managed job, recovered) or ``cluster`` (``sky.launch``: no
-    recovery; the node is torn down at the end unless ``keep``).
+    recovery; the node is torn down at the end unless ``keep``). ``system``: the root a
+    sealed node's system directories come from (default ``$BURST_STUB_SYSTEM``, else this
+    machine's): another distribution's, so the node's Python is not this machine's.
     """
 
     kind = "local"
 
     def __init__(self, root: Path | str, faults: Faults | None = None,
                  seal: str | None = None, node_python: str | None = None,
-                 mode: str = "jobs", keep: bool = False) -> None:
+                 mode: str = "jobs", keep: bool = False,
+                 system: Path | str | None = None) -> None:
         if mode not in MODES:
             raise ConfigError(f"stub mode must be one of {', '.join(MODES)}, got {mode!r}")
         self.root = Path(root).expanduser().resolve()
@@ -112,6 +144,7 @@ class LocalLauncher:
         self.seal = sealed.mode(seal)
         self.node_python = node_python
         self.mode, self.keep = mode, keep
+        self.system = system
 
     def describe(self, task: RenderedTask, secret_names: list[str]) -> list[str]:
         names = ", ".join(secret_names) or "none"
@@ -145,8 +178,11 @@ class LocalLauncher:
         if ports is None:
             report.say("stub: node sealed, but on this machine's network: its store is not "
                        "on this machine (package indexes are only pointed at a dead port)")
+        system = sealed.system_root(self.system)
+        if system != Path("/"):
+            report.say(f"stub: the node's system is {system} (not this machine's)")
         return Sealing(tuple(sealed.store_dirs(task.envs)),
-                       None if ports is None else tuple(ports))
+                       None if ports is None else tuple(ports), system)
 
     def launch(self, task: RenderedTask, secrets: Mapping[str, str],
                report: Reporter) -> LaunchResult:
@@ -179,28 +215,35 @@ class _Job:
         while True:
             # EAGER_NEXT_REGION: every launch, and every recovery, walks the list from the top
             candidate = self.task.candidates[self._provision()]
-            injected = recoveries == 0 and self.launcher.faults.preempt_at is not None
-            codes, node = self._run_node(candidate, injected)
+            codes, node = self._run_node(candidate, recoveries)
             code = next((c for c in codes if c != 0), 0)
-            if code == 0 or not self._recovers(codes, injected, node):
+            preemption = self.launcher.faults.preemption(recoveries)
+            if code == 0 or not self._recovers(codes, preemption, node):
                 return self._end(code, node)
             recoveries += 1
             if recoveries > MAX_RECOVERIES:
                 raise BurstError(f"stub: gave up after {MAX_RECOVERIES} recoveries")
 
-    def _recovers(self, codes: list[int], preempted: bool, node: Path) -> bool:
-        """Whether SkyPilot brings the job up again after ``codes`` (one per node)."""
+    def _recovers(self, codes: list[int], preemption: str | None, node: Path) -> bool:
+        """Whether SkyPilot brings the job up again after ``codes`` (one per node), its
+        attempt preempted by ``preemption`` (``kill``, ``term`` or None)."""
         code = next((c for c in codes if c != 0), 0)
         if not self.managed:
             self.report.say(f"stub: cluster node {node.name} ended (exit {code}); a cluster "
                             "has no recovery")
             return False
-        if preempted:
+        if preemption is not None:
             self.report.event("preempted", where=f"local:{node}", returncode=code,
-                              task_id=self.task_id)
+                              task_id=self.task_id, cluster="up" if preemption == "term"
+                              else "gone")
+        if preemption == "kill":
             self.report.say(f"stub: node {node.name} preempted (exit {code}); recovering "
                             "from the top of the ordered list (EAGER_NEXT_REGION)")
             return True
+        if preemption == "term":
+            self.report.say(f"stub: node {node.name} stopped after a preemption notice (exit "
+                            f"{code}) and its machine is still up at the controller's "
+                            "5-second recheck: the job is judged by its exit code")
         matched = [c for c in codes if c in self.recover_codes]
         if matched:
             self.report.say(f"stub: job exited {matched[0]}, in recover_on_exit_codes "
@@ -240,7 +283,7 @@ class _Job:
             return index
         raise CapacityError(f"stub: none of the {len(candidates)} candidates has capacity")
 
-    def _run_node(self, candidate: dict, injected: bool) -> tuple[list[int], Path]:
+    def _run_node(self, candidate: dict, attempt: int) -> tuple[list[int], Path]:
         """Set up and run the job on fresh node(s): each node's exit code (a failed setup:
         that one code, as SkyPilot's FAILED_SETUP)."""
         self.nodes += 1
@@ -248,7 +291,7 @@ class _Job:
         base = self.launcher.root / f"{self.task.name}-{self.stamp}-{self.nodes}"
         self.report.say(f"stub: launching {_label(candidate)} on {base}")
         dirs = [base / f"node{rank}" for rank in range(nodes)]
-        envs = [self._env(candidate, d, rank, injected) for rank, d in enumerate(dirs)]
+        envs = [self._env(candidate, d, rank, attempt) for rank, d in enumerate(dirs)]
         with self._network() as network:
             shells = [self._shell(d, network) for d in dirs]
             for directory, env, shell in zip(dirs, envs, shells, strict=True):
@@ -273,10 +316,11 @@ class _Job:
     def _shell(self, directory: Path, network: sealed.Loopback | None) -> _Shell:
         if self.sealing is None:
             return _Shell()
-        node = sealed.Node(directory / "sealed-root", directory / "home", self.sealing.binds)
+        node = sealed.Node(directory / "sealed-root", directory / "home", self.sealing.binds,
+                           self.sealing.system)
         return _Shell(node, network)
 
-    def _env(self, candidate: dict, directory: Path, rank: int, injected: bool
+    def _env(self, candidate: dict, directory: Path, rank: int, attempt: int
              ) -> dict[str, str]:
         names = PASS_THROUGH if self.sealing is None else SEALED_PASS_THROUGH
         env = {k: os.environ[k] for k in names if k in os.environ}
@@ -290,9 +334,9 @@ class _Job:
                     "SKYPILOT_CLUSTER_INFO": _cluster_info(candidate),
                     # several stub jobs on one machine must not share a rendezvous port
                     PORT_ENV: str(self.master_port)})
-        faults = self.launcher.faults
-        if injected and faults.preempt_at is not None:
-            env["BURST_FAULT"] = f"{faults.preempt}@{faults.preempt_at}"
+        fault = self.launcher.faults.for_attempt(attempt)
+        if fault:
+            env["BURST_FAULT"] = fault
         if self.sealing is not None:
             env = sealed.environment(env, directory / "home")
         return env

@@ -19,6 +19,10 @@ internet are then unreachable for real, as from a node behind the Great Firewall
 by configuration. The environment points pip and uv at a dead loopback port anyway, so a
 tool that tries an index fails at once instead of after a DNS timeout.
 
+The system directories can come from another root than this machine's (``system``, e.g.
+a ``debootstrap`` of another distribution, ``$BURST_STUB_SYSTEM``): the node then runs that
+distribution's ``python3`` and libraries, as a cloud image that is not this machine would.
+
 Where namespaces are not allowed (not root, no ``unshare``), :func:`problem` says why and
 the stub runs the node unsealed, saying so; ``BURST_STUB_SEAL=require`` turns that into an
 error (tests that must not pass on an unsealed node), ``off`` skips sealing.
@@ -47,6 +51,7 @@ from urllib.parse import urlparse
 from burst.errors import BurstError, ConfigError
 
 SEAL_ENV = "BURST_STUB_SEAL"
+SYSTEM_ENV = "BURST_STUB_SYSTEM"  # a directory holding another distribution's root
 MODES = ("auto", "require", "off")
 STOCK_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 NODE_PYTHON = "/usr/bin/python3"
@@ -72,6 +77,7 @@ class Node:
     root: Path  # an empty directory here; the node's tmpfs root is mounted on it privately
     home: Path  # read-write, at the same path inside (the stub reads the node's outputs)
     binds: tuple[Path, ...] = ()  # further read-write directories (a file:// store)
+    system: Path = Path("/")  # whose /usr, /lib, /etc the node gets (read-only)
 
     def prepare(self) -> None:
         """Create what the mounts need here (a store directory may not exist yet)."""
@@ -85,6 +91,18 @@ def mode(explicit: str | None = None) -> str:
     if value not in MODES:
         raise ConfigError(f"${SEAL_ENV}={value!r}: use one of {', '.join(MODES)}")
     return value
+
+
+def system_root(explicit: str | Path | None = None) -> Path:
+    """The root the node's system directories come from: ``explicit``, else
+    ``$BURST_STUB_SYSTEM``, else this machine's ``/``; one that holds no ``usr/bin/bash``
+    is refused in one line."""
+    value = explicit or os.environ.get(SYSTEM_ENV) or "/"
+    root = Path(value).expanduser().resolve()
+    if not (root / "usr" / "bin" / "bash").exists() and not (root / "bin" / "bash").exists():
+        raise ConfigError(f"the sealed node's system root {root} holds no usr/bin/bash: give "
+                          "a distribution's root (debootstrap --variant=minbase SUITE DIR)")
+    return root
 
 
 def environment(base: Mapping[str, str], home: Path) -> dict[str, str]:
@@ -118,9 +136,9 @@ def enter_script(node: Node, keep_caps: tuple[str, ...] = ()) -> str:
     """The shell that assembles the node's root, switches to it and runs ``$1`` there."""
     lines = ["set -eu", f"R={shlex.quote(str(node.root))}",
              'mount -t tmpfs -o mode=0755 sealed-node "$R"']
-    hidden = _hidden()
+    hidden = _hidden(node.system)
     for name in SYSTEM:
-        lines += _place(Path("/") / name, hidden)
+        lines += _place(node.system / name, hidden, Path("/") / name)
     lines += _kernel_and_devices()
     for path in (node.home, *node.binds):
         target = shlex.quote(str(path))
@@ -131,18 +149,26 @@ def enter_script(node: Node, keep_caps: tuple[str, ...] = ()) -> str:
     dropped = ",".join(cap for cap in DROPPED_CAPS.split(",")
                        if cap.lstrip("-") not in keep_caps)
     lines.append(f'exec setpriv --bounding-set={dropped} -- /bin/bash -c "$1"'
-                 if shutil.which("setpriv") else 'exec /bin/bash -c "$1"')
+                 if _has(node.system, "setpriv") else 'exec /bin/bash -c "$1"')
     return "\n".join(lines) + "\n"
 
 
-def _hidden() -> set[Path]:
-    return {Path(p) for pattern in HIDDEN for p in glob.glob(pattern)}
+def _has(system: Path, tool: str) -> bool:
+    """Whether the node's system root has ``tool`` (it runs there, after the switch)."""
+    return any((system / d / tool).exists() for d in ("usr/bin", "bin", "usr/sbin", "sbin"))
 
 
-def _place(source: Path, hidden: set[Path]) -> list[str]:
-    """Lines that put ``source`` at ``$R/source`` read-only, leaving out ``hidden`` paths:
-    a directory holding a hidden path becomes a read-only tmpfs of its other entries."""
-    target = '"$R"' + shlex.quote(str(source))
+def _hidden(system: Path = Path("/")) -> set[Path]:
+    return {Path(p) for pattern in HIDDEN
+            for p in glob.glob(str(system / pattern.lstrip("/")))}
+
+
+def _place(source: Path, hidden: set[Path], inside: Path | None = None) -> list[str]:
+    """Lines that put ``source`` at ``$R/inside`` (default: its own path) read-only,
+    leaving out ``hidden`` paths: a directory holding a hidden path becomes a read-only
+    tmpfs of its other entries."""
+    inside = source if inside is None else inside
+    target = '"$R"' + shlex.quote(str(inside))
     if source in hidden:
         return []
     if source.is_symlink():
@@ -152,7 +178,7 @@ def _place(source: Path, hidden: set[Path]) -> list[str]:
             return [f"mkdir -p {target}", f"mount -o bind,ro {shlex.quote(str(source))} {target}"]
         lines = [f"mkdir -p {target}", f"mount -t tmpfs -o mode=0755 sealed-filtered {target}"]
         for child in sorted(source.iterdir()):
-            lines += _place(child, hidden)
+            lines += _place(child, hidden, inside / child.name)
         return [*lines, f"mount -o remount,ro {target}"]
     if source.is_file():
         return [f"touch {target}", f"mount -o bind,ro {shlex.quote(str(source))} {target}"]

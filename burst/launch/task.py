@@ -10,12 +10,18 @@ What goes where, and why:
   entry, then every on-demand one); SkyPilot tries them in that order.
 - ``job_recovery``: for managed jobs, ``EAGER_NEXT_REGION`` (a preempted spot job is
   relaunched from the top of the ordered list rather than waiting where capacity just
-  vanished), and the one exit code where a new node helps: a sticky GPU failure (87).
-  SkyPilot recovers that code, and preemptions, without counting them against
-  ``max_restarts_on_errors``; so that is 0 (an OOM is re-planned on the node and then ends
-  the job with 86; a script error would fail the same way again), and burst bounds the
-  restarts itself: ``BURST_MAX_RESTARTS`` in the envs, counted by the nodes in the store
+  vanished), and the exit codes where a new node helps: a sticky GPU failure (87) and the
+  clean stop after a preemption notice (88: it can end the job before the cloud takes
+  the machine, and the controller, finding the cluster still up, would judge it by its
+  exit code). SkyPilot recovers those codes, and preemptions, without counting them
+  against ``max_restarts_on_errors``; so that is 0 (an OOM is re-planned on the node and
+  then ends the job with 86; a script error would fail the same way again), and burst
+  bounds the restarts itself, errors and preemptions apart: ``BURST_MAX_RESTARTS`` and
+  ``BURST_MAX_PREEMPTIONS`` in the envs, counted by the nodes in the store
   (:mod:`burst.resume.restarts`).
+- ``setup``: a step that fails along the way (a flaky GET) is retried in place a few
+  times; the last failure ends with 91 (:data:`EXIT_SETUP_FAILED`), what the user must
+  fix with 2 at once.
 - cluster mode (``managed`` False) has no recovery, so it never renders a spot candidate:
   a preempted cluster would simply be gone.
 - ``envs``: the run id, the store URL and its non-secret settings, the plan policy, the
@@ -46,8 +52,14 @@ import jinja2
 
 from burst.errors import ConfigError
 from burst.plan.planner import Plan
-from burst.resume.restarts import DEFAULT_MAX_RESTARTS, MAX_RESTARTS_ENV
-from burst.training.failure import EXIT_GPU_FAILURE
+from burst.resume.restarts import (
+    DEFAULT_MAX_PREEMPTIONS,
+    DEFAULT_MAX_RESTARTS,
+    MAX_PREEMPTIONS_ENV,
+    MAX_RESTARTS_ENV,
+    PREEMPTION_HOURS_ENV,
+)
+from burst.training.failure import EXIT_GPU_FAILURE, EXIT_SETUP_FAILED, EXIT_STOPPED
 
 TEMPLATES_ENV = "BURST_TEMPLATES"
 # The store's private CA certificate (PEM text: public, not a secret). The task carries
@@ -56,9 +68,15 @@ TEMPLATES_ENV = "BURST_TEMPLATES"
 CA_BUNDLE_ENV = "BURST_CA_BUNDLE_PEM"
 CA_BUNDLE_LIMIT = 64 * 1024  # a private CA is a few KiB; a whole system bundle is not
 SINGLE, MULTI = "task.yaml.j2", "task-multinode.yaml.j2"
-# Only what a new machine fixes. Never OOM (86): these codes bypass max_restarts_on_errors
-# and EAGER_NEXT_REGION relaunches from the top of the list, the same card again, forever.
-RECOVER_ON = (EXIT_GPU_FAILURE,)
+# Only what a new machine fixes: a sticky GPU failure (87), and the clean exit after a
+# preemption notice (88), which can beat the cloud's reclaim past the controller's 5-second
+# recheck (the cluster still UP: judged by exit code, it would end the job FAILED). Never
+# OOM (86): these codes bypass max_restarts_on_errors and EAGER_NEXT_REGION relaunches from
+# the top of the list, the same card again, forever. burst bounds both itself
+# (burst.resume.restarts: errors and preemptions apart).
+RECOVER_ON = (EXIT_GPU_FAILURE, EXIT_STOPPED)
+SETUP_ATTEMPTS = 3  # the setup's steps (bootstrap, burst node setup) on a failure along the way
+SETUP_BACKOFF = 10  # seconds before the second attempt; twice that before the third
 SKYPILOT_MAX_RESTARTS = 0  # SkyPilot retries nothing else; burst bounds the restarts
 INSTALLED_BURST = '"$BURST_NODE_DIR/venv/bin/burst"'
 BOOTSTRAP_END = "BURST_BOOTSTRAP_END"  # the heredoc's terminator: no line of the file
@@ -105,6 +123,8 @@ class TaskSpec:
     software: NodeSoftware = field(default_factory=NodeSoftware)
     managed: bool = True
     max_restarts: int = DEFAULT_MAX_RESTARTS  # managed jobs: burst's bound (BURST_MAX_RESTARTS)
+    max_preemptions: int = DEFAULT_MAX_PREEMPTIONS  # ... on preemptions, apart from errors
+    preemption_hours: float | None = None  # ... a wall-time budget for a preempted job
     workdir: str = "."  # where the node runs, relative to the restored code
 
     @property
@@ -187,9 +207,17 @@ def task_envs(spec: TaskSpec) -> dict[str, str]:
     """The spec's envs, and for a managed job the restart bound its nodes enforce."""
     if not spec.managed:
         return dict(spec.envs)
-    if spec.max_restarts < 0:
-        raise ConfigError(f"the restart bound must be >= 0, got {spec.max_restarts}")
-    return {**spec.envs, MAX_RESTARTS_ENV: str(spec.max_restarts)}
+    if spec.max_restarts < 0 or spec.max_preemptions < 0:
+        raise ConfigError(f"the restart bounds must be >= 0, got {spec.max_restarts} and "
+                          f"{spec.max_preemptions}")
+    if spec.preemption_hours is not None and not spec.preemption_hours > 0:
+        raise ConfigError(f"the preemption budget must be > 0 hours, got "
+                          f"{spec.preemption_hours}")
+    bounds = {MAX_RESTARTS_ENV: str(spec.max_restarts),
+              MAX_PREEMPTIONS_ENV: str(spec.max_preemptions)}
+    if spec.preemption_hours is not None:
+        bounds[PREEMPTION_HOURS_ENV] = f"{spec.preemption_hours:g}"
+    return {**spec.envs, **bounds}
 
 
 def spot_policy(spot: str, managed: bool) -> tuple[str, str | None]:
@@ -232,6 +260,8 @@ def render(spec: TaskSpec) -> RenderedTask:
         envs=task_envs(spec), secrets=list(spec.secret_names),
         ca_bundle=CA_BUNDLE_ENV in spec.envs,
         bootstrap=bootstrap_source() if spec.software.python is None else None,
+        setup_attempts=SETUP_ATTEMPTS, setup_backoff=SETUP_BACKOFF,
+        setup_failed=EXIT_SETUP_FAILED,
         workdir=_workdir(spec.workdir), burst=spec.software.burst, setup_args=spec.software.node_flags,
         run_args=spec.software.node_flags, entry_point=shlex.join(spec.entry_point),
         torchrun=distributed.torchrun_shell(shlex.join(_script_of(spec.entry_point))),

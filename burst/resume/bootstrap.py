@@ -1,20 +1,24 @@
 """Put burst on a bare node with nothing but ``python3``'s standard library.
 
 The task's ``setup`` writes this file out of a heredoc and runs it with the node's
-``python3`` (3.10 or newer: Ubuntu 22.04, SkyPilot's default image) before anything is
-installed, so it imports nothing from burst and nothing outside the standard library. It:
+``python3`` (3.7 or newer: the shell part checks that first, so an Alibaba Cloud Linux 3 or
+RHEL 8 node's 3.6 gets one line, not a SyntaxError) before anything is installed, so it imports nothing from burst and nothing outside the standard library. It:
 
 1. finds the interpreter the run's lockfile names (``$BURST_PYTHON``, e.g. ``3.11``:
-   ``python3.11`` on PATH, or one ``uv`` already has) and stops in one line, before any
-   download, when the node has none;
+   ``python3.11`` on PATH, or one ``uv`` already has);
 2. reads the run's wheelhouse index (``<run>/env/wheelhouse-<$BURST_LOCKFILE_DIGEST>.json``)
-   from the run's store and fetches every wheel it lists (``wheels/<sha256>/<file>``) into
+   from the run's store; a node without that Python gets it from the store (a standalone
+   build the index names, ``python/<sha256>/<file>``, hash-checked and unpacked under
+   ``$BURST_NODE_DIR/python``) or installs it with uv (the node's, or the one in the
+   wheelhouse; ``$BURST_PYTHON_MIRROR`` for a mirror of python-build-standalone), and
+   stops in one line, before any download, when there is no way;
+3. fetches every wheel the index lists (``wheels/<sha256>/<file>``) into
    ``$BURST_NODE_DIR/wheelhouse`` (the index beside them, as ``wheelhouse.json``),
    checking each file's SHA-256 (a file already there with the right hash is kept: a
    recovered node, and ``burst node setup`` after it, fetch nothing twice);
-3. creates the node's one venv, ``$BURST_NODE_DIR/venv``, with that interpreter (pip from
+4. creates the node's one venv, ``$BURST_NODE_DIR/venv``, with that interpreter (pip from
    ensurepip where the OS ships it, else ``--without-pip`` and pip run from its wheel);
-4. installs burst's own wheel and, through it, its dependencies (torch already in the
+5. installs burst's own wheel and, through it, its dependencies (torch already in the
    build the target card needs) with ``pip install --no-index --find-links``; a forwarded
    package mirror (``$BURST_INDEX_URL``, ``$BURST_EXTRA_INDEX_URL``, ``$BURST_TORCH_INDEX``)
    is tried only when the wheelhouse alone cannot satisfy it.
@@ -54,7 +58,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
-MIN_PYTHON = (3, 10)
+MIN_PYTHON = (3, 10)  # what burst itself runs on: the venv's interpreter
+RUN_PYTHON = (3, 7)  # what this file runs on (the shell part of the task checks it first)
+INTERPRETER_FIELD = "interpreter"  # the wheelhouse index's shipped standalone Python
+PYTHON_MIRROR_ENV = "BURST_PYTHON_MIRROR"  # uv's UV_PYTHON_INSTALL_MIRROR, for the node
+PYTHON_DOWNLOADS_ENV = "BURST_PYTHON_DOWNLOADS"  # uv's UV_PYTHON_DOWNLOADS_JSON_URL
 INDEX_FORMAT = 1
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 CHUNK = 1 << 20
@@ -84,10 +92,12 @@ def say(message: str) -> None:
 
 
 def check_running_python(version: tuple = tuple(sys.version_info[:2])) -> None:
-    if tuple(version) < MIN_PYTHON:
+    """This file runs on 3.7 or newer (the task's shell refuses older ones in one line);
+    the interpreter it builds the venv with is the lock's, found or fetched below."""
+    if tuple(version) < RUN_PYTHON:
         raise BootstrapError(
-            f"python3 here is {version[0]}.{version[1]}; burst needs 3.10 or newer on the "
-            "node (use an image with a newer python3, e.g. Ubuntu 22.04)", 2)
+            f"python3 here is {version[0]}.{version[1]}; burst's bootstrap needs 3.7 or "
+            "newer to run (use an image with a newer python3, e.g. Ubuntu 22.04)", 2)
 
 
 def python_version_of(executable: str) -> str | None:
@@ -101,10 +111,13 @@ def python_version_of(executable: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
-def find_python(wanted: str, environ: dict) -> str:
-    """The interpreter for the lock's ``major.minor`` (``wanted``; empty: this one)."""
+def find_python(wanted: str, environ: dict) -> str | None:
+    """The node's own interpreter for the lock's ``major.minor`` (``wanted``; empty: this
+    one, when it is new enough for burst); None when the node has none."""
     here = "{}.{}".format(*sys.version_info[:2])
-    if not wanted or wanted == here:
+    if not wanted:
+        return sys.executable if tuple(sys.version_info[:2]) >= MIN_PYTHON else None
+    if wanted == here:
         return sys.executable
     path = environ.get("PATH", os.defpath)
     candidates = [shutil.which(f"python{wanted}", path=path)]
@@ -114,19 +127,156 @@ def find_python(wanted: str, environ: dict) -> str:
         if candidate and os.path.exists(candidate) and python_version_of(candidate) == wanted:
             return candidate
     uv = shutil.which("uv", path=path)
-    if uv:
-        try:
-            done = subprocess.run([uv, "python", "find", wanted], capture_output=True,
-                                  text=True, timeout=120, check=False)
-        except (OSError, subprocess.SubprocessError):
-            done = None
-        found = done.stdout.strip() if done is not None and done.returncode == 0 else ""
-        if found and python_version_of(found) == wanted:
-            return found
+    found = _uv_find(uv, wanted, environ) if uv else None
+    return found
+
+
+def _uv_find(uv: str, wanted: str, environ: dict) -> str | None:
+    try:
+        done = subprocess.run([uv, "python", "find", "--managed-python", "--no-project",
+                               "--no-config", wanted], capture_output=True, text=True,
+                              timeout=120, check=False, env=environ)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    found = done.stdout.strip().splitlines()[-1] if done.returncode == 0 and done.stdout.strip() \
+        else ""
+    return found if found and python_version_of(found) == wanted else None
+
+
+def python_way(wanted: str, index: dict, environ: dict) -> str:
+    """How a node without the lock's Python gets it, decided before any download:
+    ``shipped`` (a standalone build in the store, named by the wheelhouse index) or ``uv``
+    (installed with uv, from python-build-standalone or ``$BURST_PYTHON_MIRROR``)."""
+    shipped = index.get(INTERPRETER_FIELD) or {}
+    machine = platform.machine().lower()
+    if str(shipped.get("python")) == wanted and shipped.get("machine") in (None, machine):
+        return "shipped"
+    if _uv_wheel(index) is not None or shutil.which("uv", path=environ.get("PATH", os.defpath)):
+        return "uv"
+    here = "{}.{}".format(*sys.version_info[:2])
     raise BootstrapError(
         f"the run's environment is Python {wanted} and this node has none (python3 is "
-        f"{here}, no python{wanted} on PATH): use an image with Python {wanted} "
-        f"(SkyPilot image_id) or install python{wanted} on the node", 2)
+        f"{here}, no python{wanted} on PATH), the store holds no standalone Python {wanted} "
+        f"and no uv to install one: run 'uv python install {wanted}' where you resume "
+        f"(burst then ships it), or use an image with Python {wanted} (SkyPilot image_id)",
+        2)
+
+
+def _uv_wheel(index: dict):
+    return next((w for w in index.get("wheels") or [] if w.get("role") == "tool"
+                 and str(w.get("file", "")).lower().startswith("uv-")), None)
+
+
+def obtain_python(way: str, wanted: str, source, index: dict, dest: str, node: str,
+                  environ: dict) -> str:
+    """The lock's Python on this node, by ``way`` (see :func:`python_way`)."""
+    if way == "shipped":
+        return unpack_interpreter(source, index[INTERPRETER_FIELD], node)
+    return uv_install(wanted, index, dest, node, environ)
+
+
+def unpack_interpreter(source, entry: dict, node: str) -> str:
+    """Fetch the shipped standalone Python (hash-checked), unpack it under
+    ``$BURST_NODE_DIR/python`` (kept for a later setup of the same node) and return it."""
+    name = str(entry.get("file", ""))
+    if not re.match(r"^[A-Za-z0-9._+-]+\.tar\.gz$", name) or \
+            not re.match(r"^[0-9a-f]{64}$", str(entry.get("sha256", ""))):
+        raise BootstrapError(f"the wheelhouse index names an odd interpreter {name!r}")
+    home = os.path.join(node, "python", entry["sha256"][:16])
+    executable = os.path.join(home, "python", clean_key(str(entry.get("executable") or
+                                                            f"bin/python{entry['python']}")))
+    if os.path.exists(executable) and python_version_of(executable) == str(entry["python"]):
+        return executable
+    archive = os.path.join(node, name)
+    out = _HashingFile(archive + ".part")
+    try:
+        try:
+            fetch_retrying(source, clean_key(str(entry.get("key", ""))), out)
+        except NotFound:
+            raise BootstrapError(f"the standalone Python {name} is named in the wheelhouse "
+                                 f"index but missing from {source.where}") from None
+    finally:
+        out.file.close()
+    if out.sha.hexdigest() != entry["sha256"]:
+        os.unlink(archive + ".part")
+        raise BootstrapError(f"the standalone Python {name} does not match its sha256: "
+                             "refusing it")
+    os.replace(archive + ".part", archive)
+    shutil.rmtree(home, ignore_errors=True)
+    _extract(archive, home)
+    os.unlink(archive)
+    if python_version_of(executable) != str(entry["python"]):
+        raise BootstrapError(f"the standalone Python {entry.get('version')} from the store "
+                             f"does not run on this node ({executable})")
+    say(f"Python {entry.get('version')} from the store ({int(entry.get('size') or 0) / 1e6:.0f} "
+        f"MB, a standalone build) in {home}")
+    return executable
+
+
+def _extract(archive: str, home: str) -> None:
+    """Unpack a tar.gz into ``home``; nothing may land outside it (no absolute or ``..``
+    names, no link that points out), whichever Python runs this."""
+    import tarfile
+
+    root = os.path.realpath(home)
+    with tarfile.open(archive, "r:gz") as tar:
+        members = tar.getmembers()
+        for member in members:
+            target = os.path.realpath(os.path.join(root, member.name))
+            linked = os.path.realpath(os.path.join(os.path.dirname(target), member.linkname))
+            if not (target == root or target.startswith(root + os.sep)) or member.isdev() \
+                    or (member.issym() and not linked.startswith(root + os.sep)) \
+                    or member.islnk():
+                raise BootstrapError(f"the standalone Python's archive holds an unsafe entry "
+                                     f"{member.name!r}: refusing it")
+        if hasattr(tarfile, "data_filter"):  # 3.12+ (and late 3.8-3.11 releases)
+            tar.extractall(root, members, filter="fully_trusted")  # checked above
+        else:
+            tar.extractall(root, members)
+
+
+def uv_install(wanted: str, index: dict, dest: str, node: str, environ: dict) -> str:
+    """Install the lock's Python with uv (the node's, or the one in the wheelhouse) into
+    ``$BURST_NODE_DIR/python-uv``, from ``$BURST_PYTHON_MIRROR`` when the task names one."""
+    uv = shutil.which("uv", path=environ.get("PATH", os.defpath)) or _unpack_uv(index, dest,
+                                                                                node)
+    env = dict(environ)
+    env["UV_PYTHON_INSTALL_DIR"] = os.path.join(node, "python-uv")
+    for ours, theirs in ((PYTHON_MIRROR_ENV, "UV_PYTHON_INSTALL_MIRROR"),
+                         (PYTHON_DOWNLOADS_ENV, "UV_PYTHON_DOWNLOADS_JSON_URL")):
+        if environ.get(ours):
+            env[theirs] = environ[ours]
+    mirror = env.get("UV_PYTHON_INSTALL_MIRROR") or "python-build-standalone's releases"
+    say(f"installing Python {wanted} with uv from {mirror}")
+    done = subprocess.run([uv, "python", "install", "--no-config", wanted], env=env,
+                          capture_output=True, text=True, timeout=1800, check=False)
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+        raise BootstrapError(f"uv could not install Python {wanted} from {mirror}: {last}")
+    found = _uv_find(uv, wanted, env)
+    if not found:
+        raise BootstrapError(f"uv installed Python {wanted} but cannot find it")
+    return found
+
+
+def _unpack_uv(index: dict, dest: str, node: str) -> str:
+    """The ``uv`` binary out of the wheelhouse's uv wheel (a zip: no pip needed)."""
+    import zipfile
+
+    wheel = _uv_wheel(index)
+    if wheel is None:
+        raise BootstrapError("this node has no uv and the wheelhouse holds none")
+    target = os.path.join(node, "tools", "uv")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    with zipfile.ZipFile(os.path.join(dest, wheel["file"])) as zipped:
+        member = next((n for n in zipped.namelist()
+                       if re.match(r"^[^/]+\.data/scripts/uv$", n)), None)
+        if member is None:
+            raise BootstrapError(f"{wheel['file']} holds no uv binary")
+        with zipped.open(member) as src, open(target, "wb") as out:
+            shutil.copyfileobj(src, out, CHUNK)
+    os.chmod(target, 0o755)
+    return target
 
 
 def can_ensurepip(python: str, environ: dict) -> bool:
@@ -610,11 +760,14 @@ def run(environ: dict) -> None:
                              "was never frozen, so the node cannot rebuild it", 2)
     wanted = (environ.get("BURST_PYTHON") or "").strip()
     python = find_python(wanted, environ)
-    with_pip = can_ensurepip(python, environ)
+    if python is None and not wanted:
+        raise BootstrapError(f"python3 here is {sys.version_info[0]}.{sys.version_info[1]} "
+                             "and the task names no Python ($BURST_PYTHON)", 2)
     source = open_source(url, environ)
     index = load_index(source, run_id, digest)
     check_target(index, wanted)
     wheels = checked_entries(index)
+    way = python_way(wanted, index, environ) if python is None else None
     for gap in index.get("missing") or []:
         say(f"not in the wheelhouse: {gap.get('name')} {gap.get('version')} "
             f"({gap.get('why')})")
@@ -625,7 +778,9 @@ def run(environ: dict) -> None:
         f.write(json.dumps(index, sort_keys=True, indent=1) + "\n")
     say(f"{len(wheels)} wheels in {dest} ({fetched / 1e6:.1f} MB fetched, {kept} already "
         "there), each matching its sha256")
-    has_pip = make_venv(python, venv, wanted, with_pip)
+    if python is None:
+        python = obtain_python(str(way), wanted, source, index, dest, node, environ)
+    has_pip = make_venv(python, venv, wanted, can_ensurepip(python, environ))
     what = install(venv, has_pip, wheels, dest, environ, index)
     say(f"{what} installed in {venv} (Python {wanted or python_version_of(python)})")
 

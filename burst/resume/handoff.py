@@ -38,7 +38,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from burst import events
-from burst.env import codearchive, freeze
+from burst.env import codearchive, freeze, interpreter
 from burst.env import wheelhouse as wheels
 from burst.env.lockfile import Lockfile, LockfileError
 from burst.errors import BurstError, ConfigError, SnapshotError
@@ -53,7 +53,7 @@ from burst.launch.task import (
 )
 from burst.plan import planner
 from burst.plan.replan import Replan, replan
-from burst.resume import entrypoint, mirrors
+from burst.resume import entrypoint, mirrors, restarts
 from burst.resume import status as run_status
 from burst.resume.node import PLAN_AMP_ENV, PLAN_MARGIN_ENV, PLAN_MICRO_ENV
 from burst.snapshot import reader as snapshot
@@ -95,6 +95,8 @@ class Request:
     secrets: Sequence[str] = ()  # extra environment variables to pass as secrets
     managed: bool = True
     max_restarts: int = 3
+    max_preemptions: int = restarts.DEFAULT_MAX_PREEMPTIONS
+    preemption_hours: float | None = None
     config: Mapping[str, Any] = field(default_factory=dict)
     skypilot_catalog: bool = False
     remote_node: bool = True  # False only for the local stub: it can read a local store
@@ -157,12 +159,14 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
     envs = task_envs(request, lock, warnings)
     if request.software.python is None:  # the node bootstraps: it needs the wheelhouse
         warnings += ensure_wheelhouse(store, request, lock, say)
+        warnings += ensure_node_python(store, request, lock, candidates, environment, say)
         mirror_envs, mirror_secrets = mirrors.forwarded()
-        envs.update(mirror_envs)
+        envs.update({**mirror_envs, **interpreter.forwarded()})
         secrets.update(mirror_secrets)
     spec = TaskSpec(request.run_id, manifest["step"], str(manifest.get("reason", "?")),
                     task_name(request.run_id), candidates, command, envs,
                     sorted(secrets), request.software, request.managed, request.max_restarts,
+                    request.max_preemptions, request.preemption_hours,
                     workdir=travelled.workdir)
     task = render(spec)
     _check_no_secret(task, secrets)
@@ -326,6 +330,29 @@ def ensure_wheelhouse(store: Store, request: Request, lock: Lockfile | None,
         if missing:
             names = ", ".join(m["name"] for m in missing[:8])
             return [f"not in the wheelhouse (the node asks a mirror): {names}"]
+    return []
+
+
+def ensure_node_python(store: Store, request: Request, lock: Lockfile | None,
+                       candidates: Sequence[planner.Plan], environment: dict[str, Any],
+                       say: Callable[[str], None]) -> list[str]:
+    """Decide how the node gets the lock's Python (:mod:`burst.env.interpreter`), say it
+    in the environment record, and ship a standalone interpreter to the store when that
+    is the way (a dry run only says so)."""
+    if lock is None:
+        return []
+    chosen = interpreter.route(lock, [p.target.place.image_id for p in candidates])
+    environment["node_python"] = f"{chosen.kind}: {chosen.why}"
+    if chosen.standalone is None:
+        return [] if chosen.kind == "image" else [chosen.why]
+    key = wheels.index_key(request.run_id, lock.digest)
+    if store.size(key) is None:
+        return [f"no wheelhouse index to name the shipped Python in ({wheels.POLICY_ENV}="
+                f"none?): the node needs Python {chosen.python} of its own"]
+    if not request.dry_run:
+        entry = interpreter.ship(store, chosen.standalone,
+                                 wheels.cache_dir() / "interpreters", say)
+        interpreter.record(store, key, entry)
     return []
 
 

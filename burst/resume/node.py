@@ -280,7 +280,9 @@ def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | No
         say(f"plan: {note}")
     say("plan: " + " ".join(f"{k}={v}" for k, v in plan.env.items()))
     _record(local, run_id, "node-start", step=step, plan=plan.summary,
-            restarts=None if start is None else start.restarts, **_where())
+            restarts=None if start is None else start.restarts,
+            errors=None if start is None else start.errors,
+            preemptions=None if start is None else start.preemptions, **_where())
     env = {**plan.env, "BURST_LOCAL": str(local_dir), "PATH": _path_with(interpreter),
            "BURST_RUN_ID": run_id, "BURST_STORE": store_url}
     agent = Agent(list(command), run_id=run_id, store=local, store_url=store_url,
@@ -291,8 +293,19 @@ def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | No
     last = outcome.attempts[-1] if outcome.attempts else None
     _record(local, run_id, "node-exit", returncode=code, decision=outcome.decision,
             message=outcome.message, rank=last.rank if last else None, **_where())
+    if start is not None:
+        _ended(store, run_id, start, code, say)
     _publish_history(local, store, run_id, say)
     return code
+
+
+def _ended(store: Store, run_id: str, start: restarts.Start, code: int, say: Say) -> None:
+    """Say in the store how this start ended: the next start counts it as a preemption
+    or an error by that (a start with no end counts as preempted)."""
+    try:
+        restarts.finish(store, run_id, start, code)
+    except Exception as exc:
+        say(f"could not record how this start ended: {exc}")
 
 
 def fetch_snapshot(store: Store, local: Store, run_id: str, say: Say,
@@ -327,13 +340,14 @@ def _refuse_restart(store: Store, local: Store, run_id: str, start: restarts.Sta
         e.get("returncode") for e in history
         if e.get("event") == "node-exit" and e.get("task_id") == start.task_id
     ) or failure.EXIT_STOPPED
-    message = (f"this managed job has restarted {start.restarts} times, over the bound of "
-               f"{start.bound} (--max-restarts): stopping it here rather than paying for "
-               f"another machine (its worst ending: "
-               f"{failure.EXIT_KINDS.get(code) or failure.describe_exit(code)})")
+    message = (f"this managed job has restarted {start.restarts} times: {start.why}; "
+               "stopping it here rather than paying for another machine (its worst "
+               f"ending: {failure.EXIT_KINDS.get(code) or failure.describe_exit(code)})")
     say(message)
-    _record(local, run_id, "restart-limit", restarts=start.restarts, bound=start.bound,
-            code=code, record=start.number, message=message, **_where())
+    _record(local, run_id, "restart-limit", restarts=start.restarts, errors=start.errors,
+            preemptions=start.preemptions, bound=start.bound,
+            max_preemptions=start.bounds.preemptions, code=code, record=start.number,
+            message=message, **_where())
     _publish_history(local, store, run_id, say)
     return restarts.EXIT_RESTART_LIMIT
 

@@ -40,9 +40,12 @@ EXIT_RESTART_LIMIT = 89
 # stopped because a newer launch of the run took over (burst.snapshot.lineage): its
 # snapshots are refused, so it must not train on; nothing to retry or resume from here
 EXIT_FENCED = 90
+# the node's setup failed after its retries (burst/templates/task.yaml.j2): the store or
+# the network kept failing; a deterministic problem exits 2 at once instead
+EXIT_SETUP_FAILED = 91
 
 EXIT_KINDS = {EXIT_OOM: "oom", EXIT_GPU_FAILURE: "gpu-failure", EXIT_STOPPED: "signal",
-              EXIT_FENCED: "fenced"}
+              EXIT_FENCED: "fenced", EXIT_SETUP_FAILED: "setup-failed"}
 
 STICKY_PATTERNS = (
     "illegal memory access",

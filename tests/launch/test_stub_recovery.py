@@ -101,12 +101,40 @@ def test_any_nodes_recoverable_code_recovers_the_whole_job(tmp_path):
     assert code == 0 and len(starts) == 4  # two nodes, twice
 
 
-def test_a_preemption_is_recovered_without_counting(tmp_path):
-    run = '[ -n "${BURST_FAULT:-}" ] && exit 88; exit 0'  # the node stops on the notice
-    code, starts, lines = launch(tmp_path, task(tmp_path, run, max_restarts=0),
+NOTICE = '[ -n "${BURST_FAULT:-}" ] && exit 88; exit 0'  # the node stops on the notice
+
+
+def test_a_clean_88_racing_the_controllers_recheck_is_recovered_as_burst_renders_it(tmp_path):
+    code, starts, lines = launch(tmp_path, task(tmp_path, NOTICE, codes=list(RECOVER_ON),
+                                                max_restarts=SKYPILOT_MAX_RESTARTS),
                                  faults=Faults(preempt_at=1))
     assert code == 0 and len(starts) == 2
-    assert any("preempted" in line for line in lines)
+    assert any("still up at the controller's 5-second recheck" in line for line in lines)
+
+
+def test_a_clean_88_without_it_in_recover_on_exit_codes_ends_the_job_failed(tmp_path):
+    # SkyPilot's controller: the job FAILED, 5 s later the cluster is still UP, so the
+    # exit code decides, and 88 alone is not recovered
+    code, starts, _ = launch(tmp_path, task(tmp_path, NOTICE, codes=[87], max_restarts=0),
+                             faults=Faults(preempt_at=1))
+    assert code == 88 and len(starts) == 1
+
+
+def test_a_machine_taken_away_is_recovered_without_counting(tmp_path):
+    run = '[ -n "${BURST_FAULT:-}" ] && exit 137; exit 0'  # killed with its machine
+    code, starts, lines = launch(tmp_path, task(tmp_path, run, max_restarts=0),
+                                 faults=Faults(preempt_at=1, preempt="kill"))
+    assert code == 0 and len(starts) == 2
+    assert any("preempted (exit 137)" in line for line in lines)
+
+
+def test_each_attempt_gets_its_own_fault(tmp_path):
+    run = 'echo "${BURST_FAULT:-none}" >> "$STARTS.faults"; [ -n "${BURST_FAULT:-}" ] && exit 88; exit 0'
+    faults = Faults(attempts=("term@3", "term@4"))
+    code, starts, _ = launch(tmp_path, task(tmp_path, run, codes=list(RECOVER_ON)),
+                             faults=faults)
+    assert code == 0 and len(starts) == 3
+    assert (tmp_path / "starts.faults").read_text().split() == ["term@3", "term@4", "none"]
 
 
 def test_recovery_walks_the_ordered_list_from_the_top(tmp_path):

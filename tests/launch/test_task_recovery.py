@@ -1,6 +1,7 @@
 """What the rendered task asks SkyPilot to recover, checked with ``sky.Task.from_yaml_str``.
 
-Only a sticky GPU failure (87) is in ``recover_on_exit_codes``: such codes bypass
+Only a sticky GPU failure (87) and the clean stop after a preemption notice (88) are in
+``recover_on_exit_codes``: such codes bypass
 ``max_restarts_on_errors`` and ``EAGER_NEXT_REGION`` starts the ordered list from the top,
 so an OOM there would be relaunched on the same card forever. ``max_restarts_on_errors`` is
 0 and burst's own bound travels in the envs. A cluster has no recovery: no spot in it.
@@ -16,7 +17,7 @@ from burst.launch.task import NodeSoftware, TaskSpec, render, spot_policy
 from burst.plan.cards import builtin
 from burst.plan.planner import Plan, Target
 from burst.plan.regions import place
-from burst.training.failure import EXIT_GPU_FAILURE, EXIT_OOM
+from burst.training.failure import EXIT_GPU_FAILURE, EXIT_OOM, EXIT_STOPPED
 
 
 def candidate(card: str, infra: str | None, spot: bool) -> Plan:
@@ -34,14 +35,16 @@ SPOT_THEN_ON_DEMAND = [candidate("A100", "aws/us-east-1", True),
                        candidate("A100", "aws/us-east-1", False)]
 
 
-def test_a_managed_job_recovers_gpu_failures_only_and_carries_burst_bound():
+def test_a_managed_job_recovers_gpu_failures_and_preemption_stops_only_and_carries_bounds():
     task = sky.Task.from_yaml_str(render(spec(SPOT_THEN_ON_DEMAND)).yaml)
     for resources in task.resources:
         assert resources.job_recovery == {"strategy": "EAGER_NEXT_REGION",
                                           "max_restarts_on_errors": 0,
-                                          "recover_on_exit_codes": [EXIT_GPU_FAILURE]}
+                                          "recover_on_exit_codes": [EXIT_GPU_FAILURE,
+                                                                    EXIT_STOPPED]}
         assert EXIT_OOM not in resources.job_recovery["recover_on_exit_codes"]
     assert task.envs["BURST_MAX_RESTARTS"] == "4"
+    assert task.envs["BURST_MAX_PREEMPTIONS"] == "50"  # preemptions bounded apart
 
 
 def test_cluster_mode_refuses_to_render_a_spot_candidate():

@@ -78,7 +78,7 @@ def entry(path: Path, role: str) -> dict:
 
 
 def publish(url: str, files: list[tuple[Path, str]], *, corrupt: str | None = None,
-            **settings: str) -> dict:
+            python: str | None = None, **settings: str) -> dict:
     """Put the wheels and the index (the contract's format) into the store at ``url``."""
     store = open_store(url, **settings)
     entries = []
@@ -88,7 +88,7 @@ def publish(url: str, files: list[tuple[Path, str]], *, corrupt: str | None = No
         if item["file"] == corrupt:
             item["sha256"] = hashlib.sha256(b"something else").hexdigest()
         entries.append(item)
-    index = {"format": 1, "target": {"python": system_version(), "platforms": [],
+    index = {"format": 1, "target": {"python": python or system_version(), "platforms": [],
                                      "machine": os.uname().machine, "torch_variant": "cpu",
                                      "policy": "all"},
              "wheels": entries, "missing": []}
@@ -173,10 +173,11 @@ def test_a_wheel_with_the_wrong_sha256_fails_in_one_line(tmp_path, wheels):
 
 def test_a_python_the_node_lacks_fails_in_one_line_before_any_download(tmp_path, wheels):
     url = f"file://{tmp_path / 'store'}"
-    publish(url, wheels)
+    publish(url, wheels, python="3.99")
     done = run_bootstrap(tmp_path, url, BURST_PYTHON="3.99")
     assert done.returncode == 2
     assert "Python 3.99 and this node has none" in one_line(done)
+    assert "the store holds no standalone Python 3.99 and no uv" in one_line(done)
     assert not (tmp_path / "node").exists()
 
 

@@ -85,7 +85,7 @@ def test_managed_job_gets_the_real_task_with_ordered_resources_and_secrets(recor
     assert resources[0].region == "us-east-1" and resources[2].region == "bj-a100"
     for r in resources:
         assert r.job_recovery == {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": 0,
-                                  "recover_on_exit_codes": [87]}
+                                  "recover_on_exit_codes": [87, 88]}
     assert sky_task.envs["BURST_MAX_RESTARTS"] == "5"  # burst bounds the restarts itself
     assert {k: v.get_secret_value() for k, v in sky_task.secrets.items()} == SECRETS
     assert not sky_task.managed_secret_refs  # values given inline, nothing to look up

@@ -77,9 +77,42 @@ def test_restarts_are_counted_per_managed_job_and_rank(moto_s3, tmp_path, monkey
                                            "SKYPILOT_NODE_RANK": str(rank),
                                            restarts.MAX_RESTARTS_ENV: "1"})
 
-    assert [claim("job-a").restarts, claim("job-a", 1).restarts] == [0, 0]  # one attempt
-    second, third = claim("job-a"), claim("job-a")
-    assert (second.restarts, second.over, third.restarts, third.over) == (1, False, 2, True)
+    first, other_rank = claim("job-a"), claim("job-a", 1)
+    assert [first.restarts, other_rank.restarts] == [0, 0]  # one attempt
+    restarts.finish(store, RUN, first, 87)  # a GPU failure: an error
+    second = claim("job-a")
+    restarts.finish(store, RUN, second, 87)
+    third = claim("job-a")
+    assert (second.errors, second.over, third.errors, third.over) == (1, False, 2, True)
     assert claim("job-b").restarts == 0  # a new resume is a new managed job
-    assert len(store.list(restarts.prefix(RUN))) == 5
+    assert len(store.list(restarts.prefix(RUN))) == 7  # five starts, two ends
     assert restarts.claim(store, RUN, {"SKYPILOT_TASK_ID": "job-c"}) is None  # no bound
+
+
+def test_preemptions_are_counted_apart_from_errors(moto_s3, tmp_path, monkeypatch):
+    aws_env(monkeypatch)
+    monkeypatch.setenv("BURST_ENDPOINT_URL", moto_s3.endpoint)
+    monkeypatch.setenv("BURST_ADDRESSING_STYLE", "path")
+    store = open_store(f"{moto_s3.url()}/{tmp_path.name}")
+    environ = {"SKYPILOT_TASK_ID": "spot", restarts.MAX_RESTARTS_ENV: "0",
+               restarts.MAX_PREEMPTIONS_ENV: "5"}
+    for _ in range(4):  # four clean stops after a notice
+        restarts.finish(store, RUN, restarts.claim(store, RUN, environ), 88)
+    restarts.claim(store, RUN, environ)  # a fifth start that never ended: the machine went
+    sixth = restarts.claim(store, RUN, environ)
+    assert (sixth.preemptions, sixth.errors, sixth.over) == (5, 0, False)
+    restarts.finish(store, RUN, sixth, 87)
+    seventh = restarts.claim(store, RUN, environ)
+    assert (seventh.preemptions, seventh.errors) == (5, 1)
+    assert "over the bound of 0 (--max-restarts)" in seventh.why
+
+
+def test_a_preemption_budget_in_hours_stops_a_job_preempted_past_it(tmp_path):
+    store = open_store(str(tmp_path / "store"))
+    environ = {"SKYPILOT_TASK_ID": "old", restarts.MAX_RESTARTS_ENV: "0",
+               restarts.PREEMPTION_HOURS_ENV: "2"}
+    store.put(restarts.record_key(RUN, 0),
+              b'{"task_id": "old", "rank": 0, "time": "2020-01-01T00:00:00.000+00:00"}')
+    start = restarts.claim(store, RUN, environ)
+    assert start.preemptions == 1 and start.hours > 2
+    assert "over the budget of 2 h (--preemption-hours)" in start.why

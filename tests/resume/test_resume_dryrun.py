@@ -126,7 +126,8 @@ def test_dry_run_renders_the_planners_ordered_candidates(s3_run, cards, region, 
                                       "AWS_SESSION_TOKEN": None, "HF_TOKEN": None}
     recovery = config_yaml["resources"]["job_recovery"]
     assert recovery["strategy"] == "EAGER_NEXT_REGION"
-    assert recovery["recover_on_exit_codes"] == [87] and recovery["max_restarts_on_errors"] == 0
+    assert recovery["recover_on_exit_codes"] == [87, 88]
+    assert recovery["max_restarts_on_errors"] == 0
     assert config_yaml["envs"]["BURST_MAX_RESTARTS"] == "5"  # burst's own bound
     assert config_yaml["envs"]["BURST_RUN_ID"] == "run"
     assert config_yaml["envs"]["BURST_STORE"] == url
@@ -298,7 +299,7 @@ def test_the_setup_heredoc_writes_the_bootstrap_byte_for_byte(s3_run, tmp_path):
     result = dry_run("--store", url, "--gpu", "A100", "--", "python", "train.py")
     assert result.exit_code == 0, result.output
     setup = sky.Task.from_yaml_str(rendered_yaml(result.output)).setup
-    head = setup.split('python3 "$BURST_NODE_DIR/bootstrap.py"')[0]
+    head = setup.split('burst_retry "$BURST_PY3" "$BURST_NODE_DIR/bootstrap.py"')[0]
     done = subprocess.run(["bash", "-c", head], env={"PATH": "/usr/bin:/bin",
                                                      "BURST_NODE_DIR": str(tmp_path / "n")},
                           capture_output=True, text=True, check=False)
