@@ -9,6 +9,7 @@ import click
 
 from burst import config as user_config
 from burst.cli.options import gpu_counts, infra_list, json_option, split_csv, store_option
+from burst.env import interpreter
 from burst.plan import planner, regions
 from burst.plan.cards import GIB
 from burst.plan.replan import Replan, replan
@@ -63,8 +64,9 @@ def plan_command(run_id: str | None, cards: tuple[str, ...], counts: tuple[str, 
     precision, predicted memory, price and time to finish. The chosen plan is first."""
     if not run_id:
         raise click.UsageError("give a RUN_ID (or set $BURST_RUN_ID)")
+    store = open_store(store_url)
     result = replan(
-        open_store(store_url), run_id, cards=split_csv(cards, "--gpu"), region=region, infra=infra_list(infra),
+        store, run_id, cards=split_csv(cards, "--gpu"), region=region, infra=infra_list(infra),
         counts=gpu_counts(counts), nodes=nodes,
         options=planner.Options(margin=margin, amp=amp, spot=spot,
                                 order=regions.parse_order(order, "--order") if order else None),
@@ -72,10 +74,15 @@ def plan_command(run_id: str | None, cards: tuple[str, ...], counts: tuple[str, 
         config=user_config.load(config_path), skypilot=not offline and not os.environ.get(
             OFFLINE_ENV),
     )
+    python = interpreter.for_run(store, run_id, [p.target.place.image_id
+                                                 for p in result.plans if p.fits] or [None])
     if as_json:
-        click.echo(json.dumps(_as_json(result), indent=1))
+        click.echo(json.dumps({**_as_json(result), "node_python": None if python is None else
+                               {"way": python.kind, "python": python.python,
+                                "why": python.why}}, indent=1))
     else:
         _print(result, limit)
+        click.echo(f"node python: {interpreter.describe(python)}")
     result.choose()  # nothing fits: the one-line reason, non-zero exit
 
 

@@ -31,7 +31,7 @@ from burst.launch.ssh import SSHLauncher, Target
 from burst.launch.task import NodeSoftware, spot_policy
 from burst.plan import planner
 from burst.resume import handoff as resume
-from burst.resume import node, restarts
+from burst.resume import node, reach, restarts
 from burst.resume import status as run_status
 from burst.store import open_store
 
@@ -83,7 +83,15 @@ def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool
         skypilot_catalog=not options["offline"] and not os.environ.get(OFFLINE_ENV),
         remote_node=options["to"] != "local", dry_run=dry_run,
         temporary_credentials=bool(options.get("allow_temporary_credentials")),
+        private_endpoints=bool(options.get("allow_private_endpoints"))
+        or _shares_network(str(options["to"])),
     )
+
+
+def _shares_network(to: str) -> bool:
+    """An SSH box named by a loopback or private address is on this machine's network:
+    what this machine reaches there, it reaches too."""
+    return to.startswith("ssh://") and reach.address_kind(reach.host_of(to)) is not None
 
 
 @click.command("resume", context_settings={"ignore_unknown_options": True})
@@ -131,6 +139,9 @@ def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool
 @click.option("--allow-temporary-credentials", is_flag=True,
               help="Forward store keys that carry a session token (they expire mid-run; "
                    "warned about). Default: refused.")
+@click.option("--allow-private-endpoints", is_flag=True,
+              help="Forward loopback, link-local and private store endpoints and mirrors "
+                   "to a remote node (one that shares this network). Default: refused.")
 @click.option("--ssh-config", default=None, help="ssh: the SSH config file.")
 @click.option("--identity", default=None, help="ssh: the private key.")
 @click.option("--known-hosts", default=None, help="ssh: the known_hosts file.")

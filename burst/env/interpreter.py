@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from burst.env.lockfile import Lockfile
-from burst.errors import BurstError, ConfigError
+from burst.errors import ConfigError
 from burst.store.base import Store, check_key
 
 EXPLICIT_ENV = "BURST_NODE_INTERPRETER"  # an install directory of a relocatable CPython
@@ -254,13 +254,29 @@ def _sha256(path: Path) -> str:
     return sha.hexdigest()
 
 
-def describe(lock: Lockfile | None, images: Sequence[str | None] = (None,)) -> str:
-    """One line for ``burst plan`` and ``burst check``: how the node gets its Python."""
-    if lock is None:
-        return "the run was never frozen: the node's own Python is used"
+def for_run(store: Store, run_id: str, images: Sequence[str | None] = (None,)
+            ) -> Route | None:
+    """How a node of ``run_id`` gets the lock's Python (None: the run was never frozen,
+    the node's own Python is used); a shipped interpreter already in the store counts."""
+    from burst.env import freeze, wheelhouse
+    from burst.env.lockfile import LockfileError
+
     try:
-        chosen = route(lock, images)
-    except BurstError as exc:
-        return str(exc)
+        lock, _ = freeze.load_frozen(store, run_id)
+    except LockfileError:
+        return None
+    index = wheelhouse.load_index(store, run_id, lock.digest) or {}
+    shipped = index.get(INDEX_FIELD) or {}
+    if shipped.get("python") == lock_minor(lock) and store.size(str(shipped.get("key"))) \
+            == shipped.get("size"):
+        return Route("shipped", lock_minor(lock), f"the store holds Python "
+                     f"{shipped.get('version')} for the node (a standalone build)")
+    return route(lock, images)
+
+
+def describe(chosen: Route | None) -> str:
+    """One line for ``burst plan`` and ``burst check``: how the node gets its Python."""
+    if chosen is None:
+        return "the run was never frozen: the node's own Python is used"
     return f"Python {chosen.python} on the node: {chosen.kind} ({chosen.why})"
 

@@ -9,12 +9,12 @@ died halfway leaves a wheel short, which the node would only find out while inst
 
 from __future__ import annotations
 
-from burst.env import freeze, wheelhouse
+from burst.env import freeze, interpreter, wheelhouse
 from burst.errors import BurstError
 from burst.preflight.table import FAIL, OK, WARN, Row
 from burst.store.base import Store
 
-ENVIRONMENT, WHEELHOUSE = "environment record", "wheelhouse"
+ENVIRONMENT, WHEELHOUSE, NODE_PYTHON = "environment record", "wheelhouse", "node python"
 POLICY_NOTE = "policy "  # how the index words a pin left to a mirror on purpose
 
 
@@ -31,7 +31,23 @@ def environment_rows(store: Store, run_id: str) -> list[Row]:
     env_row = Row(ENVIRONMENT, OK if code_ref else WARN,
                   f"lockfile {lock.digest[:12]} ({len(lock.packages)} packages) {code}",
                   "" if code_ref else f"run `burst freeze {run_id}` in the project's directory")
-    return [env_row, wheelhouse_row(store, run_id, lock.digest)]
+    return [env_row, wheelhouse_row(store, run_id, lock.digest), node_python_row(store, run_id)]
+
+
+def node_python_row(store: Store, run_id: str) -> Row:
+    """How a node gets the lock's Python: from its image, from the store (shipped), or
+    with uv from the internet or a mirror (a warning: a node in mainland China may reach
+    neither)."""
+    try:
+        chosen = interpreter.for_run(store, run_id)
+    except BurstError as error:
+        return Row(NODE_PYTHON, FAIL, str(error), f"unset ${interpreter.EXPLICIT_ENV} or "
+                   "point it at a CPython install directory")
+    line = interpreter.describe(chosen)
+    if chosen is None or chosen.kind != "uv":
+        return Row(NODE_PYTHON, OK, line)
+    return Row(NODE_PYTHON, WARN, line, f"run `uv python install {chosen.python}` here: "
+               "burst resume then ships it in the store")
 
 
 def wheelhouse_row(store: Store, run_id: str, digest: str) -> Row:

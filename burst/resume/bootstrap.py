@@ -515,6 +515,34 @@ def first(environ: dict, *names: str) -> str | None:
     return next((environ[n] for n in names if environ.get(n)), None)
 
 
+def prefer_internal(environ: dict) -> None:
+    """``$BURST_OSS_INTERNAL=auto`` (what a resumed node is given for an OSS store): use
+    the region's internal endpoint when this node reaches it (inside the region's VPC: no
+    NAT gateway needed, no traffic billed), else the public one; decided once, here, in
+    ``environ``, before the store is opened."""
+    if (environ.get("BURST_OSS_INTERNAL") or "").strip().lower() != "auto":
+        return
+    environ["BURST_OSS_INTERNAL"] = "false"
+    internal = environ.get("BURST_OSS_INTERNAL_ENDPOINT") or ""
+    region = (environ.get("BURST_REGION") or environ.get("OSS_REGION") or "").strip().lower()
+    match = re.match(r"^(oss-)?([a-z]{2}-[a-z0-9-]+)$", region)
+    if not internal and match and not environ.get("BURST_ENDPOINT_URL"):
+        internal = f"https://s3.oss-{match.group(2)}-internal.aliyuncs.com"
+    parts = urllib.parse.urlsplit(internal)
+    if not parts.hostname:
+        return
+    import socket
+
+    try:
+        with socket.create_connection((parts.hostname, parts.port or 443), timeout=2):
+            pass
+    except OSError:
+        say(f"the internal endpoint {internal} is not reachable from here: using the public one")
+        return
+    environ["BURST_ENDPOINT_URL"] = internal
+    say(f"reading the store through its internal endpoint {internal}")
+
+
 # -- the wheelhouse ---------------------------------------------------------------------------
 
 
@@ -763,6 +791,7 @@ def run(environ: dict) -> None:
     if python is None and not wanted:
         raise BootstrapError(f"python3 here is {sys.version_info[0]}.{sys.version_info[1]} "
                              "and the task names no Python ($BURST_PYTHON)", 2)
+    prefer_internal(environ)
     source = open_source(url, environ)
     index = load_index(source, run_id, digest)
     check_target(index, wanted)

@@ -20,8 +20,10 @@ They must outlast the run: temporary ones (a session token) expire mid-run, afte
 node's uploads fail and the next resume starts from an old snapshot, so they are refused
 unless asked for (then warned about). ``node_identity = "own"`` forwards no store keys at
 all: the node uses its own identity (an instance role). Nothing that only holds here
-travels as if it held there: local paths stay off the task, and an OSS ``-internal``
-endpoint (reachable only inside its region's VPC) becomes the public one.
+travels as if it held there: local paths stay off the task; an OSS node tries its region's
+``-internal`` endpoint first (reachable only inside the region's VPC) and falls back to the
+public one; loopback, link-local and private endpoints and mirrors are refused for a remote
+node (:mod:`burst.resume.reach`).
 """
 
 from __future__ import annotations
@@ -53,14 +55,14 @@ from burst.launch.task import (
 )
 from burst.plan import planner
 from burst.plan.replan import Replan, replan
-from burst.resume import entrypoint, mirrors, restarts
+from burst.resume import entrypoint, mirrors, reach, restarts
 from burst.resume import status as run_status
 from burst.resume.node import PLAN_AMP_ENV, PLAN_MARGIN_ENV, PLAN_MICRO_ENV
 from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
 from burst.store import Store, is_local, open_store
 from burst.store.oss import public_endpoint
-from burst.store.settings import OPTIONS, resolve
+from burst.store.settings import OPTIONS, as_bool, resolve
 
 SECRET_NAMES = {
     "s3": ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"),
@@ -102,6 +104,7 @@ class Request:
     remote_node: bool = True  # False only for the local stub: it can read a local store
     dry_run: bool = False  # show everything, change nothing (no push, no launch)
     temporary_credentials: bool = False  # True: forward a session token, with a warning
+    private_endpoints: bool = False  # True: the node shares this network (reach.FLAG)
 
 
 @dataclass
@@ -157,11 +160,18 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
                    skypilot=request.skypilot_catalog)
     candidates = fitting(plans, request.micro_batch)
     envs = task_envs(request, lock, warnings)
+    mirror_envs, mirror_secrets = ({}, {}) if request.software.python is not None \
+        else mirrors.forwarded()
+    mirror_envs.update(interpreter.forwarded() if request.software.python is None else {})
+    if request.remote_node:  # before anything is built or shipped for a node that cannot go
+        warnings += reach.check_endpoints(store_addresses(envs), request.private_endpoints,
+                                          request.dry_run)
+        for forwarded in (mirror_envs, mirror_secrets):
+            warnings += reach.drop_mirrors(forwarded, request.private_endpoints)
     if request.software.python is None:  # the node bootstraps: it needs the wheelhouse
         warnings += ensure_wheelhouse(store, request, lock, say)
         warnings += ensure_node_python(store, request, lock, candidates, environment, say)
-        mirror_envs, mirror_secrets = mirrors.forwarded()
-        envs.update({**mirror_envs, **interpreter.forwarded()})
+        envs.update(mirror_envs)
         secrets.update(mirror_secrets)
     spec = TaskSpec(request.run_id, manifest["step"], str(manifest.get("reason", "?")),
                     task_name(request.run_id), candidates, command, envs,
@@ -333,6 +343,19 @@ def ensure_wheelhouse(store: Store, request: Request, lock: Lockfile | None,
     return []
 
 
+def store_addresses(envs: Mapping[str, str]) -> dict[str, str]:
+    """The store addresses a node dials, by the name it gets them under: the store's
+    endpoint, an SFTP store's host."""
+    out = {}
+    endpoint = envs.get(OPTIONS["endpoint_url"])
+    if endpoint:
+        out[OPTIONS["endpoint_url"]] = endpoint
+    store = envs.get("BURST_STORE", "")
+    if urlparse(store).scheme == "sftp":
+        out["BURST_STORE"] = store
+    return out
+
+
 def ensure_node_python(store: Store, request: Request, lock: Lockfile | None,
                        candidates: Sequence[planner.Plan], environment: dict[str, Any],
                        say: Callable[[str], None]) -> list[str]:
@@ -439,24 +462,27 @@ def task_envs(request: Request, lock: Lockfile | None = None,
 
 def node_settings(request: Request, options: Mapping[str, Any],
                   warnings: list[str] | None = None) -> dict[str, str]:
-    """The store settings as they hold on the node: local paths dropped, and an OSS
-    internal endpoint (only reachable inside its region's VPC) swapped for the public one."""
+    """The store settings as they hold on the node: local paths dropped, and for an OSS
+    store ``internal = "auto"``: a node inside the bucket's region (its VPC) reaches the
+    internal endpoint, with no NAT gateway and no traffic billed, and tries it first; any
+    other node falls back to the public one (:func:`burst.store.oss.internal_first`)."""
     said = warnings if warnings is not None else []
     out = {name: str(value) for name, value in options.items()
            if name not in LOCAL_ONLY_SETTINGS + HERE_ONLY_SETTINGS and value is not None}
     if not request.remote_node:
         out.update({n: str(options[n]) for n in HERE_ONLY_SETTINGS if options.get(n) is not None})
         return out
-    if str(options.get("internal", "")).strip().lower() in ("1", "true", "yes", "on"):
-        said.append("the store's internal OSS endpoint is reachable only inside its region's "
-                    "VPC: the node uses the public one (set BURST_OSS_INTERNAL=true on a node "
-                    "inside that VPC)")
+    url, _ = resolve(request.store_url)
+    if urlparse(url).scheme.lower() != "oss" or as_bool(options, "bucket_endpoint", False):
+        return out
     endpoint = out.get("endpoint_url")
     public = public_endpoint(endpoint) if endpoint else None
-    if public is not None:
-        out["endpoint_url"] = public
-        said.append(f"the store's endpoint {endpoint} is an OSS internal one (reachable only "
-                    f"inside its region's VPC): the node is given {public}")
+    if public is not None:  # an internal endpoint given: its public twin is the fallback
+        out["endpoint_url"], out["internal_endpoint"] = public, str(endpoint)
+        said.append(f"the store's endpoint {endpoint} is an OSS internal one: a node inside "
+                    f"its region's VPC uses it, any other {public}")
+    if str(options.get("internal", "auto")).strip().lower() not in ("0", "false", "no", "off"):
+        out["internal"] = "auto"
     return out
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from typing import Any
 from urllib.parse import urlparse, urlunparse
 
@@ -59,6 +60,40 @@ def public_endpoint(endpoint: str) -> str | None:
                        parsed.params, parsed.query, parsed.fragment))
 
 
+PROBE_SECONDS = 2.0  # a node outside the region's VPC never connects: it times out
+_REACHED: dict[tuple[str, int], bool] = {}
+
+
+def reachable(endpoint: str, timeout: float = PROBE_SECONDS) -> bool:
+    """Whether a TCP connection to ``endpoint``'s host and port opens (tried once per
+    process: an internal endpoint outside its VPC costs the timeout only once)."""
+    parsed = urlparse(endpoint)
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    where = (parsed.hostname or "", port)
+    if where not in _REACHED:
+        try:
+            with socket.create_connection(where, timeout=timeout):
+                _REACHED[where] = True
+        except OSError:
+            _REACHED[where] = False
+    return _REACHED[where]
+
+
+def internal_first(options: dict[str, Any]) -> dict[str, Any]:
+    """``internal = "auto"`` (what a resumed node is given): the region's internal
+    endpoint when this machine reaches it (inside the region's VPC: no NAT gateway
+    needed, no traffic billed), else the public one. Other values are left as they are."""
+    if str(options.get("internal") or "").strip().lower() != "auto":
+        return options
+    out = {k: v for k, v in options.items() if k not in ("internal", "internal_endpoint")}
+    internal = options.get("internal_endpoint")
+    if not internal and options.get("region") and not options.get("endpoint_url"):
+        internal = endpoint_for(str(options["region"]), internal=True)[0]
+    if internal and reachable(str(internal)):
+        out["endpoint_url"] = internal
+    return out
+
+
 def _credentials() -> dict[str, str] | None:
     key, secret = os.environ.get("OSS_ACCESS_KEY_ID"), os.environ.get("OSS_ACCESS_KEY_SECRET")
     if not (key and secret):
@@ -84,6 +119,7 @@ class OSSStore(S3Store):
     @classmethod
     def from_url(cls, url: str, options: dict[str, Any]) -> OSSStore:
         bucket, prefix = parse_bucket_url(url, cls.scheme)
+        options = internal_first(options)
         region = options.get("region") or os.environ.get("OSS_REGION")
         if not region and not options.get("endpoint_url"):
             raise ConfigError(f"{url}: OSS needs a region such as oss-cn-beijing "

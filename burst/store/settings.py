@@ -38,7 +38,8 @@ OPTIONS: dict[str, str] = {
     "part_size": "BURST_PART_SIZE",
     "workers": "BURST_WORKERS",
     "payload_signing": "BURST_PAYLOAD_SIGNING",
-    "internal": "BURST_OSS_INTERNAL",
+    "internal": "BURST_OSS_INTERNAL",  # true, false, or auto: the internal endpoint first
+    "internal_endpoint": "BURST_OSS_INTERNAL_ENDPOINT",  # what auto tries first
     "ssh_config": "BURST_SSH_CONFIG",
     "known_hosts": "BURST_KNOWN_HOSTS",
     "identity_file": "BURST_SSH_IDENTITY",

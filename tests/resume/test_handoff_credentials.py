@@ -85,13 +85,22 @@ def test_local_paths_never_appear_in_the_task(s3_keys, monkeypatch, moto_s3, tmp
     assert any("known_hosts" in w for w in prepared.warnings)
 
 
-def test_an_oss_internal_endpoint_is_never_forwarded(s3_keys, monkeypatch):
+def test_an_oss_node_tries_the_internal_endpoint_first_and_the_public_one_after(s3_keys,
+                                                                                 monkeypatch):
     monkeypatch.setenv("BURST_REGION", "oss-cn-beijing")
     monkeypatch.setenv("BURST_OSS_INTERNAL", "true")
+    envs = task_envs(Request("r", "oss://bucket/runs", "local"))
+    assert envs["BURST_OSS_INTERNAL"] == "auto" and envs["BURST_REGION"] == "oss-cn-beijing"
+    assert "BURST_ENDPOINT_URL" not in envs  # the node derives both from the region
+    monkeypatch.setenv("BURST_ENDPOINT_URL", "https://s3.oss-cn-beijing-internal.aliyuncs.com")
     warnings: list[str] = []
     envs = task_envs(Request("r", "oss://bucket/runs", "local"), warnings=warnings)
-    assert "BURST_OSS_INTERNAL" not in envs and envs["BURST_REGION"] == "oss-cn-beijing"
-    assert any("internal" in w and "VPC" in w for w in warnings)
-    monkeypatch.setenv("BURST_ENDPOINT_URL", "https://s3.oss-cn-beijing-internal.aliyuncs.com")
-    envs = task_envs(Request("r", "oss://bucket/runs", "local"))
     assert envs["BURST_ENDPOINT_URL"] == "https://s3.oss-cn-beijing.aliyuncs.com"
+    assert envs["BURST_OSS_INTERNAL_ENDPOINT"] == "https://s3.oss-cn-beijing-internal.aliyuncs.com"
+    assert any("a node inside its region's VPC uses it" in w for w in warnings)
+
+
+def test_an_oss_store_told_internal_false_forwards_no_internal_try(s3_keys, monkeypatch):
+    monkeypatch.setenv("BURST_REGION", "oss-cn-beijing")
+    monkeypatch.setenv("BURST_OSS_INTERNAL", "false")
+    assert "BURST_OSS_INTERNAL" not in task_envs(Request("r", "oss://bucket/runs", "local"))

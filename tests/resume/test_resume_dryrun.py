@@ -362,3 +362,64 @@ def test_a_store_setting_naming_a_local_key_file_stays_off_the_task_with_a_warni
     assert str(tmp_path) not in " ".join(task_envs(request).values())
     assert any("identity_file" in w and "BURST_SSH_IDENTITY" in w
                for w in secret_values(request)[1])
+
+
+# -- what a remote node can reach -----------------------------------------------------------
+
+
+def resume_for_real(*args: str):
+    return CliRunner().invoke(main, ["resume", "run", "--offline", "--to", "skypilot", *args])
+
+
+def test_a_remote_resume_with_a_loopback_store_endpoint_is_refused_in_one_line(s3_run,
+                                                                              monkeypatch):
+    url, _ = s3_run
+    monkeypatch.delenv("AWS_SESSION_TOKEN")  # long-lived keys: only the endpoint is wrong
+    result = resume_for_real("--store", url, "--gpu", "A100", "--", "python", "train.py")
+    assert result.exit_code == 2, result.output
+    line = result.output.strip().splitlines()[-1]
+    assert line.startswith("Error: BURST_ENDPOINT_URL=http://127.0.0.1:")
+    assert "is a loopback address, which a remote node cannot reach" in line
+    assert "--allow-private-endpoints" in line and "Traceback" not in result.output
+    assert not open_store(url).list("wheels/")  # refused before anything was built
+
+
+def test_with_the_flag_a_loopback_endpoint_renders_with_a_warning(s3_run):
+    url, _ = s3_run
+    result = dry_run("--store", url, "--gpu", "A100", "--allow-private-endpoints", "--",
+                     "python", "train.py")
+    assert result.exit_code == 0, result.output
+    config = yaml.safe_load(rendered_yaml(result.output))
+    assert config["envs"]["BURST_ENDPOINT_URL"].startswith("http://127.0.0.1:")
+    assert "forwarded because of --allow-private-endpoints" in result.output
+
+
+def test_a_private_mirror_is_left_out_of_a_remote_task_and_said(s3_run, monkeypatch):
+    url, _ = s3_run
+    monkeypatch.setenv("PIP_CONFIG_FILE", "/dev/null")
+    monkeypatch.setenv("PIP_INDEX_URL", "http://192.168.1.20:3141/root/pypi/+simple/")
+    monkeypatch.setenv("PIP_EXTRA_INDEX_URL", "https://mirrors.example.cn/pypi/simple")
+    result = dry_run("--store", url, "--gpu", "A100", "--allow-private-endpoints", "--",
+                     "python", "train.py")
+    assert result.exit_code == 0, result.output
+    envs = yaml.safe_load(rendered_yaml(result.output))["envs"]
+    assert envs["BURST_INDEX_URL"].startswith("http://192.168.1.20")  # allowed by the flag
+    monkeypatch.setenv("BURST_ENDPOINT_URL", "https://s3.us-east-1.amazonaws.com")
+    from burst.resume import reach
+
+    mirrors = {"BURST_INDEX_URL": "http://192.168.1.20:3141/root/pypi/+simple/",
+               "BURST_EXTRA_INDEX_URL": "http://[::1]:8080/simple https://mirrors.example.cn/s"}
+    said = reach.drop_mirrors(mirrors, allowed=False)
+    assert mirrors == {"BURST_EXTRA_INDEX_URL": "https://mirrors.example.cn/s"}
+    assert len(said) == 2 and "is a private address it cannot reach" in said[0]
+
+
+@pytest.mark.parametrize(("host", "kind"), [
+    ("127.0.0.1", "loopback"), ("localhost", "loopback"), ("::1", "loopback"),
+    ("169.254.169.254", "link-local"), ("10.0.3.4", "private"), ("192.168.1.2", "private"),
+    ("172.20.0.1", "private"), ("100.100.100.200", "private"), ("fd00::1", "private"),
+    ("s3.oss-cn-beijing-internal.aliyuncs.com", None), ("8.8.8.8", None)])
+def test_addresses_only_this_network_reaches(host, kind):
+    from burst.resume import reach
+
+    assert reach.address_kind(host) == kind
