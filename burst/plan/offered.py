@@ -25,6 +25,16 @@ Sources (read 2026-12-01):
   2026-08-26) and ``data/g5_instances.js`` (updated 2025-11-30); prices are the on-demand
   list prices there, per instance divided by its GPU count. Opt-in regions: AWS "Specify
   which AWS Regions your account can use" (ap-east-1 Hong Kong is opt-in since its launch).
+- ``aws`` A100-80GB (read 2026-12-02): ``tsaol/aws-gpu`` ``data/p4de_instances.js``
+  (instances.vantage.sh data, updated 2025-12-21): p4de.24xlarge, 8x A100 80GB; the price
+  per GPU is the instance's on-demand list price divided by 8.
+- ``azure`` (read 2026-12-02): SkyPilot's hosted catalog, ``skypilot-org/skypilot-catalog``
+  file ``catalogs/v6/azure/vms.csv`` at commit 098741e70562 (NC A100 v4 and ND A100 v4 80GB:
+  A100-80GB; ND A100 v4: A100; NC H100 v5 and ND H100 v5: H100; NCas T4 v3: T4; NCv3: V100;
+  NVads A10 v5: A10). That catalog is built by SkyPilot's fetcher with its default region
+  filter, ``US_REGIONS`` in ``sky/catalog/data_fetchers/fetch_azure.py`` (0.14.1), so it
+  lists Azure's US regions only: an Azure region elsewhere (eastasia, japaneast...) is not
+  a place SkyPilot launches to with its own catalog, and the table says so.
 - ``ABSENT``: the instance families each cloud documents (no RTX 3090/4090 on any of the
   three; A10G is an AWS-only part; GCP has no L40S or A10; AWS has no A10).
 
@@ -34,8 +44,8 @@ when cached, supersedes it anyway.
 
 from __future__ import annotations
 
-SOURCE = "burst's embedded table of 2026-12-01 (burst/plan/offered.py)"
-DATE = "2026-12-01"
+SOURCE = "burst's embedded table of 2026-12-02 (burst/plan/offered.py)"
+DATE = "2026-12-02"
 
 _GCP_A100 = ("asia-northeast1", "asia-northeast3", "asia-southeast1", "europe-west4", "me-west1",
              "us-central1", "us-east1", "us-west1", "us-west3", "us-west4")
@@ -60,6 +70,18 @@ _AWS_A100 = ("ap-northeast-1", "ap-northeast-2", "ap-south-1", "ap-southeast-1",
 _AWS_H100 = ("ap-northeast-1", "ap-northeast-2", "ap-south-1", "ap-southeast-2",
              "ap-southeast-3", "ca-central-1", "eu-north-1", "eu-west-2", "sa-east-1",
              "us-east-1", "us-east-2", "us-gov-west-1", "us-west-1", "us-west-2")
+_AWS_A100_80 = ("ap-northeast-1", "ap-southeast-1", "eu-central-1", "il-central-1", "us-east-1",
+                "us-west-2")
+_AZURE_A100_80 = ("centralus", "eastus", "eastus2", "southcentralus", "westus", "westus2",
+                  "westus3")
+_AZURE_A100 = ("eastus", "southcentralus", "westus2")
+_AZURE_H100 = ("eastus", "eastus2", "southcentralus", "westus", "westus3")
+_AZURE_T4 = ("centralus", "eastus", "eastus2", "northcentralus", "southcentralus", "westus",
+             "westus2", "westus3")
+_AZURE_V100 = ("centralus", "eastus", "eastus2", "southcentralus", "westus", "westus2",
+               "westus3")
+_AZURE_A10 = ("eastus", "eastus2", "northcentralus", "southcentralus", "westus", "westus2",
+              "westus3")
 
 # (cloud, card) -> every region offering it on DATE
 REGIONS: dict[tuple[str, str], tuple[str, ...]] = {
@@ -70,6 +92,13 @@ REGIONS: dict[tuple[str, str], tuple[str, ...]] = {
     ("aws", "A10G"): _AWS_A10G,
     ("aws", "A100"): _AWS_A100,
     ("aws", "H100"): _AWS_H100,
+    ("aws", "A100-80GB"): _AWS_A100_80,
+    ("azure", "A100-80GB"): _AZURE_A100_80,
+    ("azure", "A100"): _AZURE_A100,
+    ("azure", "H100"): _AZURE_H100,
+    ("azure", "T4"): _AZURE_T4,
+    ("azure", "V100"): _AZURE_V100,
+    ("azure", "A10"): _AZURE_A10,
 }
 
 # cloud -> cards it offers nowhere
@@ -87,6 +116,13 @@ PRICES: dict[tuple[str, str, str], float] = {
     ("aws", "us-west-2", "A100"): 2.745,
     ("aws", "ap-northeast-1", "H100"): 8.6, ("aws", "ap-northeast-2", "H100"): 9.494,
     ("aws", "us-east-1", "H100"): 6.88, ("aws", "us-west-2", "H100"): 6.88,
+    # p4de.24xlarge / 8
+    ("aws", "ap-northeast-1", "A100-80GB"): 4.703, ("aws", "ap-southeast-1", "A100-80GB"): 4.117,
+    ("aws", "eu-central-1", "A100-80GB"): 4.286, ("aws", "il-central-1", "A100-80GB"): 4.447,
+    ("aws", "us-east-1", "A100-80GB"): 3.431, ("aws", "us-west-2", "A100-80GB"): 3.431,
+    # Standard_NC24ads_A100_v4 (1 GPU), Standard_ND96asr_v4 / 8, Standard_NC40ads_H100_v5 (1 GPU)
+    ("azure", "eastus", "A100-80GB"): 3.673, ("azure", "westus3", "A100-80GB"): 3.673,
+    ("azure", "eastus", "A100"): 3.4, ("azure", "eastus", "H100"): 6.98,
 }
 
 # (cloud, region) -> what the user must do first

@@ -128,3 +128,16 @@ def test_choose_explains_in_one_line_when_nothing_fits():
     message = str(error.value)
     assert "\n" not in message and "fits nowhere on" in message and "of 80 GiB" in message
     assert "activation checkpointing" in message
+
+
+def test_an_offline_beijing_plan_lists_only_places_that_exist(tmp_path):
+    from burst.plan import offerings
+
+    table = offerings.load({"SKY_RUNTIME_DIR": str(tmp_path)})  # no catalog: the table
+    profile = regions.profile("beijing")
+    plans = [p for p in candidates(RUN, [CATALOG.get("A100-80GB")], profile, offerings=table)
+             if p.fits]
+    places = {p.target.place.label for p in plans}
+    assert places and not any(label.startswith("azure/") for label in places)  # US only
+    assert "aws/ap-northeast-1" in places and "gcp/asia-southeast1" in places
+    assert "aws/ap-northeast-2" not in places  # no p4de in Seoul

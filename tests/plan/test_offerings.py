@@ -72,7 +72,19 @@ def test_without_a_cached_catalog_the_embedded_table_decides(tmp_path):
     for region in ("asia-east2", "asia-northeast1", "asia-northeast3"):
         assert table.check(f"gcp/{region}", "A100-80GB", False).exists is False
     assert table.check("aws/eu-west-1", "RTX4090", True).exists is False
-    assert table.check("azure/eastasia", "A100", False).exists is None  # not in the table
+    assert table.check("azure/eastus", "L4", False).exists is None  # not in the table
+
+
+def test_the_offline_table_knows_aws_a100_80gb_and_azures_regions(tmp_path):
+    table = offerings.load({"SKY_RUNTIME_DIR": str(tmp_path)})
+    found = table.check("aws/us-east-1", "A100-80GB", False)
+    assert found.exists is True and found.price == 3.431  # p4de.24xlarge / 8
+    assert table.check("aws/ap-northeast-2", "A100-80GB", True).exists is False
+    assert table.check("azure/eastus", "A100-80GB", True).exists is True
+    # SkyPilot's own Azure catalog lists the US regions only: it cannot launch in Asia
+    for region in ("eastasia", "japaneast", "koreacentral", "southeastasia"):
+        verdict = table.check(f"azure/{region}", "A100-80GB", False)
+        assert verdict.exists is False and "no A100-80GB in" in verdict.reason
 
 
 def test_the_catalog_answers_for_its_clouds_and_the_table_for_the_others(cached):

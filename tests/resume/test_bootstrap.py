@@ -254,3 +254,80 @@ def test_an_sftp_wheelhouse_is_fetched_with_the_system_client(tmp_path, wheels, 
                          BURST_KNOWN_HOSTS=str(sshd.known_hosts))
     assert done.returncode == 0, done.stderr
     assert_installed(tmp_path)
+
+
+# -- the task's shell part: before and around the bootstrap -----------------------------------
+
+
+def rendered_setup() -> str:
+    """The setup of a real rendered task, up to (not including) ``burst node setup``."""
+    from burst.launch.task import NodeSoftware, TaskSpec, render
+    from burst.plan.cards import builtin
+    from burst.plan.planner import Plan, Target
+    from burst.plan.regions import place
+
+    target = Target(builtin().get("A100"), 1, 1, place("aws/us-east-1"), False)
+    plan = Plan(target, 16, 8, 2, "bf16", False, True, None, 1, True, (8, 4))
+    spec = TaskSpec(RUN, 4, "oom", "burst-boot", [plan], ["python", "train.py"],
+                    {"BURST_RUN_ID": RUN, "BURST_STORE": "s3://b/p"}, (),
+                    NodeSoftware(None, "burst-failover==0.1"))
+    setup = render(spec).setup
+    return setup[:setup.rindex("burst_retry ")]
+
+
+OLD_PYTHON = Path("/root/.pyenv/versions/3.6.15/bin/python3.6")
+
+
+@pytest.mark.skipif(not OLD_PYTHON.exists(), reason="no Python 3.6 on this machine (pyenv)")
+def test_a_node_whose_python3_is_3_6_gets_one_line_not_a_syntax_error(tmp_path):
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python3").symlink_to(OLD_PYTHON)  # Alibaba Cloud Linux 3, RHEL 8
+    for tool in ("bash", "cat", "mkdir", "head", "sleep"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    parsed = subprocess.run([str(OLD_PYTHON), str(SOURCE)], capture_output=True, text=True,
+                            check=False)
+    assert "SyntaxError" in parsed.stderr  # what the node would have said without the check
+    done = subprocess.run(["bash", "-c", rendered_setup()], capture_output=True, text=True,
+                          env={"PATH": str(bin_dir), "HOME": str(tmp_path)}, check=False)
+    assert done.returncode == 2
+    line = one_line(done)
+    assert "this node's python3 is Python 3.6.15" in line and "3.7 or newer" in line
+    assert not (tmp_path / "burst-node" / "bootstrap.py").exists()
+
+
+def test_one_flaky_get_in_setup_is_retried_in_place(tmp_path, wheels, seaweed, s3_store):
+    from tests.fault_proxy import FaultProxy, start
+
+    publish(s3_store, wheels)
+    proxy = FaultProxy(seaweed.endpoint, seaweed.ca_bundle)
+    flaky = proxy.add("503", "GET", r"/env/wheelhouse-[0-9a-f]+\.json", times=1)
+    server, endpoint = start(proxy)
+    env = {**seaweed_env(seaweed), "BURST_ENDPOINT_URL": endpoint, "BURST_CA_BUNDLE": "",
+           "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BURST_RUN_ID": RUN,
+           "BURST_STORE": s3_store, "BURST_LOCKFILE_DIGEST": DIGEST,
+           "BURST_PYTHON": system_version(), "BURST_NODE_DIR": str(tmp_path / "node"),
+           "PIP_CONFIG_FILE": os.devnull, "BURST_SETUP_BACKOFF": "1"}
+    try:
+        done = subprocess.run(["bash", "-c", rendered_setup()], capture_output=True, text=True,
+                              env=env, timeout=300, check=False)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert done.returncode == 0, done.stderr
+    assert flaky.fired == 1
+    assert "answered 503" in done.stderr and "attempt 1 of 3; retrying in 1s" in done.stderr
+    assert_installed(tmp_path)
+
+
+def test_a_setup_that_keeps_failing_ends_with_its_own_code(tmp_path):
+    from burst.training.failure import EXIT_SETUP_FAILED
+
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BURST_RUN_ID": RUN,
+           "BURST_STORE": f"file://{tmp_path / 'empty'}", "BURST_LOCKFILE_DIGEST": DIGEST,
+           "BURST_PYTHON": system_version(), "BURST_SETUP_BACKOFF": "0"}
+    done = subprocess.run(["bash", "-c", rendered_setup()], capture_output=True, text=True,
+                          env=env, timeout=300, check=False)
+    assert done.returncode == EXIT_SETUP_FAILED
+    assert done.stderr.count("no wheelhouse for lockfile") == 3
+    assert "setup failed 3 times (last exit 1)" in done.stderr
