@@ -9,7 +9,11 @@ person wants to log in. It has no recovery, so its task never holds a spot candi
 (:func:`burst.launch.task.render` refuses one). Without ``keep`` the cluster is torn down
 when the run ends (and autodown after the idle time, should burst be gone by then); with
 ``keep`` it stays: no ``sky.down``, and the idle timer only stops it (``down=False``), so
-``sky start`` brings it back with its disks.
+``sky start`` brings it back with its disks. Own capacity (Kubernetes contexts, SSH pools)
+cannot be stopped: SkyPilot refuses autostop there (``AUTOSTOP`` is an unsupported feature
+of its Kubernetes cloud, which SSH pools inherit) and would drop those candidates, so a kept
+cluster whose task holds own capacity launches with no idle timer, and gets its autostop
+afterwards (``sky.autostop``) only if it landed on a cloud that can stop.
 
 The managed job's exit code is not the job's own: ``sky.jobs.tail_logs`` returns 0 or 100
 (success or not), so ``burst resume`` reads the job's meaning (86, 87, 88, 0) from the
@@ -33,6 +37,8 @@ from burst.launch import LaunchResult, Reporter
 from burst.launch.task import RenderedTask, validate
 
 MODES = ("jobs", "cluster")
+OWN_CAPACITY = ("k8s/", "kubernetes/", "ssh/")  # infra prefixes SkyPilot cannot stop
+CANNOT_STOP = ("kubernetes", "ssh")  # str(cloud) of a launched cluster, lower case
 
 
 @dataclass
@@ -57,11 +63,16 @@ class SkyPilotLauncher:
                     "# sky.jobs.tail_logs(job_id=..., follow=True)"]
         cluster = shlex.quote(self._cluster(task))
         down = "" if self.keep else " --down"
-        lines = [f"sky launch -c {cluster} -i {self.idle_minutes}{down}{secrets} task.yaml  "
+        idle = "" if self._keeps_own_capacity(task) else f" -i {self.idle_minutes}"
+        lines = [f"sky launch -c {cluster}{idle}{down}{secrets} task.yaml  "
                  "# sky.launch(task, cluster_name=..., idle_minutes_to_autostop=..., "
                  f"down={not self.keep})",
                  f"sky logs {cluster} JOB_ID --follow  # sky.tail_logs(cluster, job_id, "
                  "follow=True)"]
+        if self._keeps_own_capacity(task):
+            lines.append(f"sky autostop {cluster} -i {self.idle_minutes}  # only if it landed "
+                         "on a cloud that can stop: own capacity (Kubernetes, SSH pools) "
+                         "cannot")
         if self.keep:
             lines.append(f"# --keep: {cluster} stays (stopped when idle); sky down {cluster} "
                          "when done with it")
@@ -98,13 +109,22 @@ class SkyPilotLauncher:
         return LaunchResult(int(code or 0), f"skypilot-job:{task.name}:{job_id}",
                             {"job_id": job_id})
 
+    def _keeps_own_capacity(self, task: RenderedTask) -> bool:
+        """A kept cluster that may land on capacity SkyPilot cannot stop."""
+        return self.keep and any(str(c.get("infra") or "").lower().startswith(OWN_CAPACITY)
+                                 for c in task.candidates)
+
     def _on_cluster(self, sky_task: Any, task: RenderedTask, report: Reporter) -> LaunchResult:
         import sky
 
         cluster = self._cluster(task)
+        own = self._keeps_own_capacity(task)
         request = sky.launch(sky_task, cluster_name=cluster,
-                             idle_minutes_to_autostop=self.idle_minutes, down=not self.keep)
-        job_id, _handle = sky.stream_and_get(request)
+                             idle_minutes_to_autostop=None if own else self.idle_minutes,
+                             down=not self.keep)
+        job_id, handle = sky.stream_and_get(request)
+        if own:
+            self._autostop_where_it_can(cluster, handle, report)
         report.event("skypilot-cluster", cluster=cluster, job_id=job_id)
         report.say(f"cluster {cluster}: job {job_id} running; following its logs")
         code = sky.tail_logs(cluster, job_id, follow=True)
@@ -116,6 +136,23 @@ class SkyPilotLauncher:
             sky.stream_and_get(sky.down(cluster))
         return LaunchResult(int(code or 0), f"skypilot-cluster:{cluster}",
                             {"job_id": job_id, "kept": self.keep})
+
+
+    def _autostop_where_it_can(self, cluster: str, handle: Any, report: Reporter) -> None:
+        """After a kept launch with no idle timer: stop when idle where the cluster landed
+        on a cloud that can stop; on own capacity say that it stays up."""
+        import sky
+
+        resources = getattr(handle, "launched_resources", None)
+        cloud = str(getattr(resources, "cloud", "") or "")
+        if not cloud or cloud.lower() in CANNOT_STOP:
+            report.say(f"{cluster} runs on own capacity ({cloud or 'Kubernetes or an SSH pool'}),"
+                       " which SkyPilot cannot stop: no autostop, it stays up until "
+                       f"sky down {cluster}")
+            return
+        sky.stream_and_get(sky.autostop(cluster, self.idle_minutes, down=False))
+        report.say(f"{cluster} landed on {cloud}: it stops after {self.idle_minutes} idle "
+                   "minutes (--keep)")
 
 
 def _one_line(exc: BaseException) -> str:

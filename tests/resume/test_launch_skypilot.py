@@ -111,15 +111,56 @@ def test_cluster_mode_launches_with_autostop_follows_and_tears_down(recorder):
     assert recorder.first("down")[0] == ("mine",)
 
 
+def public_only():
+    spec = TaskSpec("run-1", 7, "gpu-failure", "burst-run-1",
+                    [candidate("A100", "aws/us-east-1", False)], ["python", "train.py"],
+                    {"BURST_RUN_ID": "run-1", "BURST_STORE": "s3://b/p"}, sorted(SECRETS),
+                    NodeSoftware(None, "burst-failover==0.1"), False)
+    return render(spec)
+
+
 def test_keep_leaves_the_cluster_up_without_autodown(recorder):
     launcher = SkyPilotLauncher(mode="cluster", cluster="mine", idle_minutes=7, keep=True)
-    result = launcher.launch(rendered(managed=False), SECRETS, Reporter(say=lambda _m: None))
+    result = launcher.launch(public_only(), SECRETS, Reporter(say=lambda _m: None))
     assert result.returncode == 0 and result.details["kept"] is True
     assert recorder.names() == ["launch", "stream_and_get", "tail_logs"]  # no sky.down
     assert recorder.first("launch")[1] == {"cluster_name": "mine",
                                            "idle_minutes_to_autostop": 7, "down": False}
-    described = "\n".join(launcher.describe(rendered(managed=False), []))
+    described = "\n".join(launcher.describe(public_only(), []))
     assert "--down" not in described and "sky down mine  #" not in described
+
+
+def landed(recorder, monkeypatch, infra: str) -> None:
+    """``sky.launch``'s handle says the cluster came up at ``infra``."""
+    from types import SimpleNamespace
+
+    handle = SimpleNamespace(launched_resources=sky.Resources(infra=infra))
+    monkeypatch.setattr(sky, "autostop", recorder.fn("autostop", "req-autostop"))
+    results = {"req-launch": (3, handle), "req-autostop": None}
+    monkeypatch.setattr(sky, "stream_and_get", lambda request_id=None, **_: recorder.calls.append(
+        ("stream_and_get", (request_id,), {})) or results[request_id])
+
+
+def test_keep_with_own_capacity_asks_for_no_autostop_so_no_candidate_is_dropped(recorder,
+                                                                                monkeypatch):
+    landed(recorder, monkeypatch, "k8s/bj-a100")
+    said: list[str] = []
+    launcher = SkyPilotLauncher(mode="cluster", cluster="mine", idle_minutes=7, keep=True)
+    result = launcher.launch(rendered(managed=False), SECRETS, Reporter(say=said.append))
+    assert result.returncode == 0
+    (sky_task,), kwargs = recorder.first("launch")
+    assert kwargs == {"cluster_name": "mine", "idle_minutes_to_autostop": None, "down": False}
+    assert "Kubernetes" in {str(r.cloud) for r in sky_task.resources}  # still a candidate
+    assert "autostop" not in recorder.names()
+    assert any("cannot stop: no autostop, it stays up until sky down mine" in m for m in said)
+
+
+def test_keep_landing_on_a_public_cloud_gets_its_autostop_after_the_launch(recorder,
+                                                                          monkeypatch):
+    landed(recorder, monkeypatch, "aws/us-east-1")
+    launcher = SkyPilotLauncher(mode="cluster", cluster="mine", idle_minutes=7, keep=True)
+    launcher.launch(rendered(managed=False), SECRETS, Reporter(say=lambda _m: None))
+    assert recorder.first("autostop") == (("mine", 7), {"down": False})
 
 
 def test_sdk_errors_become_one_line(monkeypatch):
