@@ -2,7 +2,10 @@
 
 Clouds warn a spot VM before they take it back: AWS two minutes ahead (IMDSv2
 ``spot/instance-action``), GCP and Azure about thirty seconds (the metadata server's
-``instance/preempted``; a ``Preempt`` scheduled event). SIGTERM arrives late in that
+``instance/preempted``; a ``Preempt`` scheduled event), Alibaba Cloud five minutes ahead
+(ECS metadata ``instance/spot/termination-time`` on ``100.100.100.200``, with the hardened
+mode's token when the instance asks for one): the Beijing case, where own capacity runs on
+ACK nodes that are preemptible ECS instances. SIGTERM arrives late in that
 window, or not at all, and a large snapshot may not finish uploading in what is left. So
 on a cloud node a daemon thread polls the notice, and when it appears records a
 ``preemption-notice`` event and asks the run for a snapshot at its next step boundary,
@@ -13,10 +16,15 @@ The watcher also knows whether the node is spot, and then shortens the run's per
 interval so that a preemption whose notice is missed still loses at most
 ``max_lost_seconds`` of work (:meth:`Watcher.persist_seconds`).
 
-Which cloud: ``$BURST_PREEMPTION`` (``aws``, ``gcp``, ``azure``, ``probe``, ``off``), else
-the cloud SkyPilot names in ``$SKYPILOT_CLUSTER_INFO`` (Kubernetes is probed: a GKE node
-answers for GCP). Anything else, a laptop or a lab box, starts no thread and sends no
-packet. ``$BURST_METADATA_URL`` points the watcher at another metadata server (tests use
+A Kubernetes pod gets no notice but SIGTERM, and then ``terminationGracePeriodSeconds``
+(30 by default; ``$BURST_TERMINATION_GRACE`` says another) before SIGKILL: when no metadata
+server answers in a pod, that grace is the bound the persist interval keeps lost work
+under (the ``kubernetes`` provider: nothing to poll, the run's SIGTERM handler saves).
+
+Which cloud: ``$BURST_PREEMPTION`` (``aws``, ``gcp``, ``azure``, ``alibaba``, ``kubernetes``,
+``probe``, ``off``), else the cloud SkyPilot names in ``$SKYPILOT_CLUSTER_INFO``
+(Kubernetes is probed: a GKE node answers for GCP, an ACK node for Alibaba). Anything else,
+a laptop or a lab box, starts no thread and sends no packet. ``$BURST_METADATA_URL`` points the watcher at another metadata server (tests use
 a fake on loopback). Connections time out in half a second and the first failure ends the
 watch quietly, so a machine without a metadata service is never slowed.
 """
@@ -38,7 +46,9 @@ from urllib.parse import urlsplit
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
-ENV_PROVIDER = "BURST_PREEMPTION"  # aws | gcp | azure | probe | off
+ENV_PROVIDER = "BURST_PREEMPTION"  # aws | gcp | azure | alibaba | kubernetes | probe | off
+ENV_GRACE = "BURST_TERMINATION_GRACE"  # a pod's terminationGracePeriodSeconds
+POD_ENV = "KUBERNETES_SERVICE_HOST"  # set in every Kubernetes pod
 ENV_METADATA_URL = "BURST_METADATA_URL"  # the metadata server's base URL
 ENV_POLL = "BURST_METADATA_POLL"  # seconds between polls (AWS, Azure)
 ENV_SPOT = "BURST_SPOT"  # 1 / 0: whether this node is spot, when the metadata cannot say
@@ -46,6 +56,8 @@ ENV_MAX_LOST = "BURST_MAX_LOST_SECONDS"
 CLUSTER_INFO_ENV = "SKYPILOT_CLUSTER_INFO"
 
 DEFAULT_BASE = "http://169.254.169.254"  # the link-local metadata address of all three
+ALIBABA_BASE = "http://100.100.100.200"  # ECS's metadata service
+DEFAULT_GRACE = 30.0  # Kubernetes' terminationGracePeriodSeconds unless the pod says more
 NOTICE_REASON = "preemption"  # the snapshot reason, and the event's name below
 EVENT = "preemption-notice"
 CONNECT_TIMEOUT = 0.5
@@ -113,6 +125,7 @@ class Provider:
 
     name = ""
     notice_seconds = 30.0  # how long the cloud waits between its notice and the end
+    base = DEFAULT_BASE  # where its metadata server answers
 
     def identify(self, client: Metadata) -> bool:
         raise NotImplementedError
@@ -234,6 +247,74 @@ class Azure(Provider):
         return None
 
 
+class Alibaba(Provider):
+    """ECS metadata: ``instance/spot/termination-time`` answers 404 until the interruption
+    notice, then the release time (UTC), about five minutes ahead. In the hardened mode
+    every read needs a token from ``PUT /latest/api/token``; one is asked for first and
+    used whenever the service hands one out."""
+
+    name, notice_seconds, base = "alibaba", 300.0, ALIBABA_BASE
+    TOKEN_TTL = 21600
+    NOTICE = "/latest/meta-data/instance/spot/termination-time"
+
+    def __init__(self) -> None:
+        self._token: str | None = None
+        self._token_at = 0.0
+
+    def identify(self, client: Metadata) -> bool:
+        reply = self._get(client, "/latest/meta-data/instance-id")
+        return reply.status == 200 and reply.text().startswith("i-")
+
+    def is_spot(self, client: Metadata) -> bool | None:
+        return None  # ECS metadata does not say; $BURST_SPOT does (ACK spot node pools)
+
+    def poll(self, client: Metadata, interval: float) -> dict[str, Any] | None:
+        reply = self._get(client, self.NOTICE)
+        if reply.status != 200 or not reply.text():  # 404: no notice yet
+            time.sleep(interval)
+            return None
+        return {"action": "release", "deadline": reply.text()}
+
+    def _get(self, client: Metadata, path: str) -> Reply:
+        token = self._fresh_token(client)
+        headers = {"X-aliyun-ecs-metadata-token": token} if token else {}
+        reply = client.request("GET", path, headers)
+        if reply.status in (401, 403) and token:  # expired early: one retry, a new token
+            self._token = None
+            token = self._fresh_token(client)
+            reply = client.request("GET", path,
+                                   {"X-aliyun-ecs-metadata-token": token} if token else {})
+        return reply
+
+    def _fresh_token(self, client: Metadata) -> str | None:
+        if self._token is None or time.monotonic() - self._token_at > self.TOKEN_TTL / 2:
+            reply = client.request("PUT", "/latest/api/token",
+                                   {"X-aliyun-ecs-metadata-token-ttl-seconds":
+                                    str(self.TOKEN_TTL)})
+            self._token = reply.text() if reply.status == 200 and reply.text() else None
+            self._token_at = time.monotonic()
+        return self._token
+
+
+class Kubernetes(Provider):
+    """A pod: no metadata notice, SIGTERM is the notice (the run's handler saves) and
+    ``terminationGracePeriodSeconds`` the time left; nothing to poll."""
+
+    name = "kubernetes"
+
+    def __init__(self, grace: float = DEFAULT_GRACE) -> None:
+        self.notice_seconds = grace
+
+    def identify(self, client: Metadata) -> bool:
+        return True
+
+    def is_spot(self, client: Metadata) -> bool | None:
+        return None
+
+    def poll(self, client: Metadata, interval: float) -> dict[str, Any] | None:
+        raise NotImplementedError("a pod's notice is its SIGTERM")
+
+
 def _azure_events(body: bytes) -> list[dict]:
     try:
         events = json.loads(body).get("Events") or []
@@ -242,9 +323,12 @@ def _azure_events(body: bytes) -> list[dict]:
     return [e for e in events if isinstance(e, dict)]
 
 
-PROVIDERS: dict[str, type[Provider]] = {"aws": Aws, "gcp": Gcp, "azure": Azure}
-_SKYPILOT_CLOUDS = {"aws": "aws", "gcp": "gcp", "azure": "azure", "kubernetes": "probe"}
-_PROBE_ORDER = ("gcp", "aws", "azure")
+PROVIDERS: dict[str, type[Provider]] = {"aws": Aws, "gcp": Gcp, "azure": Azure,
+                                         "alibaba": Alibaba}
+_SKYPILOT_CLOUDS = {"aws": "aws", "gcp": "gcp", "azure": "azure", "kubernetes": "probe",
+                    "ssh": "probe"}
+_PROBE_ORDER = ("gcp", "aws", "azure", "alibaba")
+_NAMES = (*PROVIDERS, "kubernetes", "probe")
 
 
 def detect(environ: Mapping[str, str] | None = None) -> str | None:
@@ -254,10 +338,10 @@ def detect(environ: Mapping[str, str] | None = None) -> str | None:
     explicit = (environ.get(ENV_PROVIDER) or "").strip().lower()
     if explicit in ("off", "none", "0", "false"):
         return None
-    if explicit in (*PROVIDERS, "probe"):
+    if explicit in _NAMES:
         return explicit
     if explicit:
-        _say(f"${ENV_PROVIDER}={explicit!r} is not one of aws, gcp, azure, probe, off: "
+        _say(f"${ENV_PROVIDER}={explicit!r} is not one of {', '.join(_NAMES)}, off: "
              "not watching for preemption")
         return None
     try:
@@ -282,10 +366,12 @@ class Watcher:
 
     def __init__(self, provider: str, target: Target, *, base_url: str | None = None,
                  poll: float = DEFAULT_POLL, max_lost_seconds: float | None = None,
-                 spot: bool | None = None) -> None:
+                 spot: bool | None = None, grace: float | None = None) -> None:
         self.requested = provider
         self.target = target
+        self.base_url = base_url  # None: each provider's own metadata address
         self.client = Metadata(base_url or DEFAULT_BASE)
+        self.grace = grace  # a pod's grace period (None: not known to be a pod)
         self.poll = poll
         self.max_lost_seconds = max_lost_seconds
         self.provider: Provider | None = None
@@ -336,10 +422,13 @@ class Watcher:
             self.provider = self._first_contact()
         except Unreachable as exc:  # not a cloud, or no metadata service: quietly done
             self.gave_up = f"no metadata server: {exc}"
-            return
+        if self.provider is None and self.grace is not None:
+            self.provider = Kubernetes(self.grace)  # a pod: SIGTERM, then its grace
         if self.provider is None:
-            self.gave_up = "no known metadata server answered"
+            self.gave_up = self.gave_up or "no known metadata server answered"
             return
+        if isinstance(self.provider, Kubernetes):
+            return  # nothing to poll: the bound is all a pod's watch gives
         failures = 0
         while not self._stop.is_set():
             try:
@@ -357,15 +446,33 @@ class Watcher:
                 return
 
     def _first_contact(self) -> Provider | None:
-        """The provider, its metadata server reached once, and whether the node is spot."""
+        """The provider, its metadata server reached once, and whether the node is spot.
+
+        A probe asks each cloud's server in turn; an address that does not answer at all
+        is not asked again (AWS, GCP and Azure share 169.254.169.254; Alibaba's is
+        100.100.100.200). Unreachable when none answered."""
+        if self.requested == "kubernetes":
+            return None
         names = _PROBE_ORDER if self.requested == "probe" else (self.requested,)
+        dead: dict[str, Unreachable] = {}
         for name in names:
             provider = PROVIDERS[name]()
-            if provider.identify(self.client):  # Unreachable: no server at all, stop
+            base = self.base_url or provider.base
+            if base in dead:
+                continue
+            self.client = Metadata(base)
+            try:
+                known = provider.identify(self.client)
+            except Unreachable as exc:
+                dead[base] = exc
+                continue
+            if known:
                 if not self._spot_forced:
                     with contextlib.suppress(Unreachable):
                         self.spot = provider.is_spot(self.client)
                 return provider
+        if dead and len(dead) == len({self.base_url or PROVIDERS[n].base for n in names}):
+            raise next(iter(dead.values()))
         return None
 
     def _noticed(self, detail: dict[str, Any]) -> None:
@@ -389,11 +496,14 @@ def start(target: Target, max_lost_seconds: float | None = None,
     if provider is None:
         return None
     try:
+        in_pod = provider == "kubernetes" or bool(environ.get(POD_ENV))
         watcher = Watcher(provider, target, base_url=environ.get(ENV_METADATA_URL),
                           poll=_float(environ, ENV_POLL) or DEFAULT_POLL,
                           max_lost_seconds=(max_lost_seconds if max_lost_seconds is not None
                                             else _float(environ, ENV_MAX_LOST)),
-                          spot=_spot(environ))
+                          spot=_spot(environ),
+                          grace=(_float(environ, ENV_GRACE) or DEFAULT_GRACE) if in_pod
+                          else None)
     except ValueError as exc:
         _say(f"not watching for preemption: {exc}")
         return None

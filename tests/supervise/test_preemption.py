@@ -135,6 +135,24 @@ class FakeMetadata:
                                         "Events": list(self.azure_events)}), {}
         return 404, "", {}
 
+    def _alibaba(self, method: str, path: str, _query: dict, headers) -> tuple[int, str, dict]:
+        # the hardened mode: every read needs the token a PUT hands out
+        if method == "PUT":
+            if path == "/latest/api/token" and headers.get(
+                    "X-aliyun-ecs-metadata-token-ttl-seconds"):
+                return 200, ALIBABA_TOKEN, {}
+            return 400, "", {}
+        if headers.get("X-aliyun-ecs-metadata-token") != ALIBABA_TOKEN:
+            return 403, "", {}
+        if path == "/latest/meta-data/instance-id":
+            return 200, "i-2zeabcdefghijklmnopq", {}
+        if path == "/latest/meta-data/instance/spot/termination-time" and self.preempted:
+            return 200, "2026-12-02T14:05:00Z", {}
+        return 404, "", {}
+
+
+ALIBABA_TOKEN = "fake-ecs-token"
+
 
 class Noticed:
     """Takes the watcher's two calls the way a run does: the snapshot request, the event."""
@@ -164,7 +182,7 @@ def dead_url() -> str:
 # -- the providers ------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("provider", ["aws", "gcp", "azure"])
+@pytest.mark.parametrize("provider", ["aws", "gcp", "azure", "alibaba"])
 def test_a_notice_asks_for_a_preemption_snapshot_and_records_the_event(provider):
     target = Noticed()
     with FakeMetadata(provider) as fake:
@@ -176,8 +194,52 @@ def test_a_notice_asks_for_a_preemption_snapshot_and_records_the_event(provider)
         assert watcher.join(10)
     assert target.requests == [preemption.NOTICE_REASON]
     [(name, fields)] = target.events
-    assert (name, fields["provider"], fields["spot"]) == (preemption.EVENT, provider, True)
+    assert (name, fields["provider"]) == (preemption.EVENT, provider)
+    assert fields["spot"] is (None if provider == "alibaba" else True)  # ECS does not say
     assert fields["seen"]
+
+
+def test_alibabas_interruption_notice_names_the_release_time_five_minutes_ahead():
+    target = Noticed()
+    with FakeMetadata("alibaba") as fake:
+        watcher = watch(fake, target, spot=True)  # an ACK spot node pool says so
+        wait_until(lambda: watcher.provider is not None, "first contact", None, timeout=10)
+        fake.preempt()
+        assert target.done.wait(10)
+    [(_, fields)] = target.events
+    assert (fields["action"], fields["deadline"]) == ("release", "2026-12-02T14:05:00Z")
+    assert watcher.bound == 300.0 and watcher.persist_seconds(600.0, cost=30.0) == 270.0
+
+
+def test_probe_on_an_ack_node_asks_alibabas_address_after_the_others_go_unanswered():
+    target = Noticed()
+    with FakeMetadata("alibaba") as fake:
+        watcher = preemption.Watcher("probe", target, poll=0.02)  # each cloud's own address
+        original = {name: cls.base for name, cls in preemption.PROVIDERS.items()}
+        try:  # 169.254.169.254 is nobody here (dead port); Alibaba's is the fake
+            for name, cls in preemption.PROVIDERS.items():
+                cls.base = fake.url if name == "alibaba" else dead_url()
+            watcher.start()
+            wait_until(lambda: watcher.provider is not None, "first contact", None,
+                       timeout=20)
+            watcher.stop()
+        finally:
+            for name, cls in preemption.PROVIDERS.items():
+                cls.base = original[name]
+    assert watcher.provider is not None and watcher.provider.name == "alibaba"
+
+
+def test_in_a_pod_without_metadata_the_grace_period_bounds_lost_work():
+    watcher = preemption.start(Noticed(), environ={
+        "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "Kubernetes"}),
+        "KUBERNETES_SERVICE_HOST": "10.0.0.1", "BURST_METADATA_URL": dead_url(),
+        "BURST_TERMINATION_GRACE": "45", "BURST_SPOT": "1"})
+    assert watcher is not None and watcher.join(20)
+    assert watcher.provider is not None and watcher.provider.name == "kubernetes"
+    assert watcher.bound == 45.0 and watcher.persist_seconds(600.0, cost=5.0) == 40.0
+    default = preemption.start(Noticed(), environ={"BURST_PREEMPTION": "kubernetes",
+                                                   "BURST_SPOT": "1"})
+    assert default is not None and default.join(5) and default.bound == 30.0
 
 
 def test_azure_events_other_than_preempt_are_not_a_notice():
@@ -377,6 +439,6 @@ def test_a_notice_gets_a_snapshot_uploaded_before_sigterm_and_nothing_is_lost(
     output = "".join(progress.lines)
     assert code == failure.EXIT_STOPPED, output
     assert reader.list_steps(store, "spot")[-1] == progress.last  # nothing past the last step
-    history = [json.loads(line) for line in store.get(events.key("spot")).decode().splitlines()]
+    history = events.read(store, "spot")
     [notice] = [e for e in history if e["event"] == preemption.EVENT]
     assert (notice["provider"], notice["action"], notice["spot"]) == ("aws", "terminate", True)
