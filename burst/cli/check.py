@@ -47,13 +47,16 @@ def _targets(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 @click.option("--offline", is_flag=True, envvar=OFFLINE_ENV,
               help=f"Do not ask SkyPilot (its row is then unknown) and plan from the embedded "
                    f"card table (${OFFLINE_ENV}).")
+@click.option("--plan-region", "plan_region", default="any", show_default=True,
+              help="The region profile a burst would plan in, as burst resume --region "
+                   "(beijing: also the image and the jobs controller a mainland burst needs).")
 @click.option("--sky-timeout", type=click.FloatRange(min=0, min_open=True),
               default=DEFAULT_TIMEOUT, show_default=True,
               help="Seconds to wait for SkyPilot's answer before calling it unknown.")
 @json_option
 def check_command(run_id: str | None, to: tuple[str, ...], store_url: str, local_url: str,
                   settings: dict, ssh_config: str | None, identity: str | None,
-                  known_hosts: str | None, offline: bool, sky_timeout: float,
+                  known_hosts: str | None, offline: bool, plan_region: str, sky_timeout: float,
                   as_json: bool) -> None:
     """Check that a burst would work now: store access, credentials, environment and
     wheelhouse, SkyPilot, SSH targets, a place to run and local disk.
@@ -65,10 +68,11 @@ def check_command(run_id: str | None, to: tuple[str, ...], store_url: str, local
     Examples:
       burst check my-run --store s3://ckpt/runs
       burst check my-run --to ssh://me@gpu-box:22 --to local --json
+      burst check my-run --store beijing --plan-region beijing
     """
     report = preflight.run(preflight.Request(
         store_url, local_url, run_id, to, settings, ssh_config, identity, known_hosts,
-        offline=offline, sky_timeout=sky_timeout))
+        offline=offline, sky_timeout=sky_timeout, region=plan_region))
     if as_json:
         click.echo(json.dumps(report.to_json(), indent=1))
     else:

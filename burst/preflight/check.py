@@ -13,7 +13,10 @@ Which rows are required (a row that is not a pass makes the answer "not ready"):
   ``unknown`` and the answer is "not ready": nobody checked that a burst can launch.
   For ``ssh://`` or ``local`` targets the placement row is shown but optional (the box is
   what it is) and SkyPilot is not asked;
-- each ``ssh://`` target: reachable, with a host key known_hosts vouches for.
+- each ``ssh://`` target: reachable, with a host key known_hosts vouches for;
+- for a ``skypilot`` target whose region profile holds own capacity (``--region beijing``):
+  the image those nodes start from and where SkyPilot's managed-jobs controller runs
+  (:mod:`burst.preflight.mainland`).
 """
 
 from __future__ import annotations
@@ -24,11 +27,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from burst import config as user_config
 from burst import events
 from burst.env import lockfile
 from burst.errors import BurstError, ConfigError, SnapshotError
-from burst.plan import facts
-from burst.preflight import clouds, credentials, disk, environment, placement
+from burst.plan import facts, regions
+from burst.preflight import clouds, credentials, disk, environment, mainland, placement
 from burst.preflight.store import store_rows
 from burst.preflight.table import FAIL, SKIP, Report, Row
 from burst.snapshot import reader as snapshot
@@ -55,6 +59,7 @@ class Request:
     offline: bool = False
     sky_timeout: float = clouds.DEFAULT_TIMEOUT
     ask_skypilot: bool = True  # False: no SkyPilot row (a scheduled check, every tick)
+    region: str = "any"  # the region profile a burst would plan in (beijing: its own rows)
 
 
 def check_targets(targets: Sequence[str]) -> list[str]:
@@ -87,9 +92,13 @@ def run(request: Request) -> Report:
     to_cloud = SKYPILOT in targets
     if request.run_id:
         report.add(*environment.environment_rows(store, request.run_id))
-        report.add(_placement(store, request.run_id, request.offline, to_cloud))
+        report.add(_placement(store, request.run_id, request.offline, to_cloud,
+                              request.region))
     if to_cloud and request.ask_skypilot:
         report.add(clouds.clouds_row(offline=request.offline, timeout=request.sky_timeout))
+    if to_cloud:
+        report.add(*mainland.rows(regions.profile(request.region, user_config.section(
+            user_config.load(None), "regions"))))
     if boxes:
         from burst.preflight import ssh  # paramiko loads only when a box is checked
 
@@ -129,12 +138,14 @@ def has_run(store: Store, run_id: str) -> bool:
             or store.size(lockfile.latest_key(run_id)) is not None)
 
 
-def _placement(store: Store, run_id: str, offline: bool, required: bool) -> Row:
+def _placement(store: Store, run_id: str, offline: bool, required: bool,
+               region: str = "any") -> Row:
     if not snapshot.list_steps(store, run_id):
         return Row(placement.NAME, FAIL if required else SKIP,
                    f"run {run_id!r} has no snapshot in {store.url} to plan from",
                    f"push one: `burst push {run_id}`", required)
-    return placement.placement_row(store, run_id, offline=offline, required=required)
+    return placement.placement_row(store, run_id, offline=offline, required=required,
+                                   region=region)
 
 
 def _local(request: Request, store: Store) -> Store | None:

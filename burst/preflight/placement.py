@@ -18,9 +18,11 @@ FIX = "allow more cards (burst plan --gpu ...), another --region or --infra, or 
       "per node (--count); `burst plan RUN` shows each card's problem"
 
 
-def placement_row(store: Store, run_id: str, *, offline: bool, required: bool = True) -> Row:
+def placement_row(store: Store, run_id: str, *, offline: bool, required: bool = True,
+                  region: str = "any") -> Row:
     try:
-        result = replan(store, run_id, config=user_config.load(None), skypilot=not offline)
+        result = replan(store, run_id, region=region, config=user_config.load(None),
+                        skypilot=not offline)
         result.choose()  # nothing fits: the planner's one-line reason
     except BurstError as error:
         return Row(NAME, FAIL, str(error), FIX, required)
