@@ -17,6 +17,20 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
   # the package starts a service on :9090; the tests start their own on free ports
   service prometheus stop >/dev/null 2>&1 || true
 fi
+# the sealed node of another distribution (tests/node_world.py): debootstrap builds a Debian
+# 13 root, and a standalone CPython 3.11 is built from Debian's source package, both once,
+# cached under ~/.cache/burst-tests ($BURST_TEST_CACHE)
+NODE_WORLD=(debootstrap build-essential libssl-dev zlib1g-dev libffi-dev libbz2-dev
+            liblzma-dev libsqlite3-dev libreadline-dev)
+missing=()
+for package in "${NODE_WORLD[@]}"; do
+  dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "installing ${missing[*]} for the sealed node of another distribution" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
 .venv/bin/ruff check burst tests scripts
 # burst runs on Python 3.10 too (a cloud node's Ubuntu 22.04): no newer stdlib in the package
 .venv/bin/vermin --quiet --no-tips --violations --eval-annotations --target=3.10- burst scripts
