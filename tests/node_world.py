@@ -146,19 +146,20 @@ def _debian_source(work: Path) -> Path:
     return tarballs[0]
 
 
-@pytest.fixture(scope="session")
-def other_distribution() -> Path:
-    """Debian 13's root (Python 3.13) for a sealed node: built once, then cached."""
+def _or_skip(build: Callable[[], Path]) -> Path:
     why = why_not()
     if why:
         pytest.skip(why)
-    return debian_root()
+    return build()
+
+
+@pytest.fixture(scope="session")
+def other_distribution() -> Path:
+    """Debian 13's root (Python 3.13) for a sealed node: built once, then cached."""
+    return _or_skip(debian_root)
 
 
 @pytest.fixture(scope="session")
 def uv_python_dir() -> Path:
     """``$UV_PYTHON_INSTALL_DIR`` with a standalone CPython 3.11: built once, then cached."""
-    why = why_not()
-    if why:
-        pytest.skip(why)
-    return standalone_python()
+    return _or_skip(standalone_python)

@@ -187,6 +187,7 @@ def unpack_interpreter(source, entry: dict, node: str) -> str:
                                                             f"bin/python{entry['python']}")))
     if os.path.exists(executable) and python_version_of(executable) == str(entry["python"]):
         return executable
+    os.makedirs(node, exist_ok=True)
     archive = os.path.join(node, name)
     out = _HashingFile(archive + ".part")
     try:

@@ -331,3 +331,97 @@ def test_a_setup_that_keeps_failing_ends_with_its_own_code(tmp_path):
     assert done.returncode == EXIT_SETUP_FAILED
     assert done.stderr.count("no wheelhouse for lockfile") == 3
     assert "setup failed 3 times (last exit 1)" in done.stderr
+
+
+# -- a node without the lock's Python -----------------------------------------------------------
+
+
+def shipped_entry(store_url: str, archive: Path, python: str = "3.11") -> dict:
+    """Put ``archive`` into the store as a shipped interpreter; its index entry."""
+    data = archive.read_bytes()
+    sha = hashlib.sha256(data).hexdigest()
+    key = f"python/{sha}/{archive.name}"
+    open_store(store_url).put(key, data)
+    return {"file": archive.name, "key": key, "sha256": sha, "size": len(data),
+            "python": python, "version": f"{python}.0", "executable": f"bin/python{python}"}
+
+
+def tar_with(path: Path, members: dict[str, bytes]) -> Path:
+    import io
+    import tarfile
+
+    with tarfile.open(path, "w:gz") as tar:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    return path
+
+
+def test_a_shipped_interpreter_that_does_not_match_its_hash_is_refused(tmp_path):
+    url = f"file://{tmp_path / 'store'}"
+    entry = shipped_entry(url, tar_with(tmp_path / "cpython.tar.gz",
+                                        {"python/bin/python3.11": b"#!/bin/sh\n"}))
+    entry["sha256"] = hashlib.sha256(b"another build").hexdigest()
+    source = bootstrap.open_source(url, {})
+    with pytest.raises(bootstrap.BootstrapError, match="does not match its sha256"):
+        bootstrap.unpack_interpreter(source, entry, str(tmp_path / "node"))
+    assert not list((tmp_path / "node").glob("python/*"))
+
+
+def test_a_shipped_interpreter_cannot_write_outside_the_node(tmp_path):
+    url = f"file://{tmp_path / 'store'}"
+    entry = shipped_entry(url, tar_with(tmp_path / "cpython.tar.gz",
+                                        {"python/../../escaped": b"x"}))
+    source = bootstrap.open_source(url, {})
+    with pytest.raises(bootstrap.BootstrapError, match="unsafe entry"):
+        bootstrap.unpack_interpreter(source, entry, str(tmp_path / "node"))
+    assert not (tmp_path / "escaped").exists()
+
+
+@pytest.fixture(scope="module")
+def packed_python(uv_python_dir, tmp_path_factory) -> Path:
+    """This machine's standalone CPython 3.11, packed as burst ships it."""
+    from burst.env import interpreter
+
+    found = interpreter.find_standalone("3.11", {"UV_PYTHON_INSTALL_DIR": str(uv_python_dir)})
+    assert found is not None, "uv finds the standalone build it manages"
+    return interpreter.pack(found, tmp_path_factory.mktemp("packed"))
+
+
+def test_a_shipped_interpreter_is_unpacked_once_and_runs(tmp_path, packed_python):
+    url = f"file://{tmp_path / 'store'}"
+    entry = shipped_entry(url, packed_python)
+    source = bootstrap.open_source(url, {})
+    node = tmp_path / "node"
+    python = bootstrap.unpack_interpreter(source, entry, str(node))
+    assert bootstrap.python_version_of(python) == "3.11"
+    assert Path(python).is_relative_to(node / "python")
+    assert not list(node.glob("*.tar.gz*"))  # the archive is gone once unpacked
+    assert bootstrap.unpack_interpreter(source, entry, str(node)) == python  # kept
+
+
+def test_a_node_installs_the_locks_python_with_the_wheelhouses_uv(tmp_path, packed_python):
+    import json as jsonlib
+    import zipfile
+
+    from uv import find_uv_bin
+
+    dest, node = tmp_path / "wheelhouse", tmp_path / "node"
+    dest.mkdir()
+    wheel = dest / "uv-0.13.9-py3-none-manylinux_2_17_x86_64.whl"
+    with zipfile.ZipFile(wheel, "w") as zipped:  # where a uv wheel keeps its binary
+        zipped.write(find_uv_bin(), "uv-0.13.9.data/scripts/uv")
+    index = {"wheels": [{"file": wheel.name, "role": "tool"}]}
+    sha = hashlib.sha256(packed_python.read_bytes()).hexdigest()
+    downloads = tmp_path / "downloads.json"  # a private mirror's own list of builds
+    downloads.write_text(jsonlib.dumps({"cpython-3.11.2-linux-x86_64-gnu": {
+        "name": "cpython", "arch": {"family": "x86_64", "variant": None}, "os": "linux",
+        "libc": "gnu", "major": 3, "minor": 11, "patch": 2, "prerelease": "",
+        "url": f"file://{packed_python}", "sha256": sha, "variant": None, "build": None}}))
+    environ = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path),
+               "BURST_PYTHON_DOWNLOADS": str(downloads)}
+    assert bootstrap.python_way("3.11", index, environ) == "uv"
+    python = bootstrap.uv_install("3.11", index, str(dest), str(node), environ)
+    assert bootstrap.python_version_of(python) == "3.11"
+    assert Path(python).resolve().is_relative_to(node / "python-uv")

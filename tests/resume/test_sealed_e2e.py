@@ -10,10 +10,19 @@ burst and the whole environment from the store (wheelhouse, code archive), resum
 bitwise equal to an uninterrupted run; the training script writes down what it saw, so
 the test can check from inside that the source tree, the local store and the user's venv
 were not there.
+
+The same run resumes twice: on a node whose system is this machine's, and on one whose
+system is Debian 13's (``debootstrap --variant=minbase``: ``/usr/bin/python3`` is 3.13,
+no 3.11 anywhere) while the run was frozen here on 3.11. There ``burst resume`` finds this
+machine's uv-managed CPython 3.11 (the laptop's uv cache, ``$UV_PYTHON_INSTALL_DIR``),
+ships it to the store once and names it in the wheelhouse index; the bootstrap runs on the
+node's 3.13, fetches it from the store (all it reaches), checks its hash, unpacks it and
+builds the venv with it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 from pathlib import Path
@@ -34,22 +43,27 @@ from tests.sealed_project import (
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.geteuid() != 0, reason="a sealed node needs root")]
-RUN = STORE_NAME
+THIS_MACHINE, DEBIAN = "this-machine", "debian13"
 
 
-@pytest.fixture(scope="module")
-def resumed(tmp_path_factory, moto_s3, sealed_wheel_cache) -> dict:
-    """Train until SIGKILL in step 5, then ``burst resume --to local`` into a sealed node."""
+@pytest.fixture(scope="module", params=[THIS_MACHINE, DEBIAN])
+def resumed(request, tmp_path_factory, moto_s3, sealed_wheel_cache) -> dict:
+    """Train until SIGKILL in step 5, then ``burst resume --to local`` into a sealed node
+    (of this machine's system, or of Debian 13's)."""
     base = tmp_path_factory.mktemp("sealed")
     project, nodes = make_project(base / "project"), base / "nodes"
     env = environment(moto_s3.endpoint, nodes, sealed_wheel_cache)
-    url = moto_s3.url(STORE_NAME)
-    killed = subprocess.run([PY, "train.py", "--run-id", RUN, "--store", url, *ARGS],
+    run_id = STORE_NAME if request.param == THIS_MACHINE else request.param
+    if request.param == DEBIAN:
+        env.update({"BURST_STUB_SYSTEM": str(request.getfixturevalue("other_distribution")),
+                    "UV_PYTHON_INSTALL_DIR": str(request.getfixturevalue("uv_python_dir"))})
+    url = moto_s3.url(STORE_NAME)  # one store: the second run uploads no wheel again
+    killed = subprocess.run([PY, "train.py", "--run-id", run_id, "--store", url, *ARGS],
                             cwd=project, capture_output=True, text=True, timeout=300,
                             check=False, env={**env, "BURST_FAULT": "kill@5",
                                               "BURST_LOCAL": str(project / ".burst")})
     assert killed.returncode == -9, killed.stderr[-3000:]
-    done = subprocess.run([PY, "-m", "burst.cli", "resume", RUN, "--to", "local", "--store",
+    done = subprocess.run([PY, "-m", "burst.cli", "resume", run_id, "--to", "local", "--store",
                            url, "--local", str(project / ".burst"), "--", "python",
                            "train.py", *ARGS, "--seen", *sees(project)],
                           cwd=project, capture_output=True, text=True, timeout=1800,
@@ -59,7 +73,7 @@ def resumed(tmp_path_factory, moto_s3, sealed_wheel_cache) -> dict:
     setup.append(f"wheelhouse: {len(wheels)} wheels, "
                  f"{sum(w.stat().st_size for w in wheels) / 1e6:.0f} MB")
     print("\n".join(setup))  # the node's setup time and wheelhouse (pytest -s shows them)
-    return {"done": done, "project": project, "nodes": nodes}
+    return {"done": done, "project": project, "nodes": nodes, "system": request.param}
 
 
 def node_code(resumed: dict) -> Path:
@@ -81,3 +95,18 @@ def test_sealed_node_sees_no_source_tree_local_store_or_venv(resumed):
 def test_sealed_node_trains_in_its_own_venv_built_from_the_store(resumed):
     assert_trained_in_node_venv(node_code(resumed))
     assert "node NOT sealed" not in resumed["done"].stderr
+
+
+def test_a_debian_13_node_gets_the_locks_python_from_the_store(resumed):
+    if resumed["system"] != DEBIAN:
+        pytest.skip("this machine's system has the lock's Python")
+    code = node_code(resumed)
+    home, done = code.parent, resumed["done"]
+    assert "node python: shipped" in done.stderr
+    assert "the node's system is" in done.stderr
+    setup = (home.parents[1] / "setup.log").read_text()
+    assert "Python 3.11" in setup and "from the store" in setup
+    seen = json.loads((code / "seen.json").read_text())
+    assert Path(seen["executable"]).is_relative_to(home / "venv")
+    config = (home / "venv" / "pyvenv.cfg").read_text()
+    assert f"home = {home / 'python'}" in config  # the unpacked standalone, not Debian's 3.13
