@@ -41,7 +41,7 @@ from tests.sealed_project import (
     sees,
 )
 
-pytestmark = [pytest.mark.e2e,
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500),  # a node's whole setup, loaded
               pytest.mark.skipif(os.geteuid() != 0, reason="a sealed node needs root")]
 THIS_MACHINE, DEBIAN = "this-machine", "debian13"
 
