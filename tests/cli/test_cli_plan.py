@@ -115,3 +115,16 @@ def test_a_run_without_a_snapshot_is_an_error(tmp_path):
 def test_plan_without_a_run_id_is_a_usage_error(monkeypatch):
     monkeypatch.delenv("BURST_RUN_ID", raising=False)
     assert plan("--offline").exit_code == 2
+
+
+def test_plan_says_how_the_node_gets_the_locks_python(store_url, monkeypatch):
+    from burst.env import lockfile
+    from burst.env.lockfile import Lockfile
+
+    result = plan("run", "--store", store_url, "--offline", "--gpu", "A100")
+    assert "node python: the run was never frozen" in result.output
+    monkeypatch.setenv("UV_PYTHON_INSTALL_DIR", "/nonexistent")  # no standalone here
+    lockfile.save(open_store(store_url), "run", Lockfile([], python={"version": "3.12.3"}))
+    result = plan("run", "--store", store_url, "--offline", "--gpu", "A100", "--json")
+    way = json.loads(result.output)["node_python"]
+    assert (way["way"], way["python"]) == ("uv", "3.12")
