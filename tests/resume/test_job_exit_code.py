@@ -62,7 +62,8 @@ def test_resume_exits_with_the_jobs_code_where_skypilot_says_100(moto_s3, monkey
     request = handoff.Request("run", url, str(tmp_path / "local"), cards=["A100"],
                               options=planner.Options(spot="never"),
                               command=("python", "train.py"),
-                              software=NodeSoftware(sys.executable, "burst-failover"))
+                              software=NodeSoftware(sys.executable, "burst-failover"),
+                              private_endpoints=True)  # the test's S3 server is on loopback
     prepared = handoff.prepare(request, say=lambda _m: None)
 
     def job_runs_and_its_node_reports(job_id=None, follow=False):
