@@ -3,7 +3,10 @@
 Only :class:`~burst.store.base.TransientStoreError` (throttling, 5xx, resets, timeouts) is
 retried; wrong credentials or a missing bucket fail at once, since waiting cannot fix them.
 Full jitter (a uniform draw up to the capped exponential delay) keeps many uploaders that
-were throttled together from coming back together.
+were throttled together from coming back together. The draw comes from the operating
+system (``random.SystemRandom``), never from Python's global generator: an upload thread
+retrying must not move the random stream the training loop draws from (a snapshot holds
+that stream, and a resumed run would replay it shifted).
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ class RetryPolicy:
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """The wait before retry number ``attempt`` (1-based): uniform in [0, min(cap, base*2^n)]."""
         ceiling = min(self.cap, self.base * (2 ** (attempt - 1)))
-        return (rng or random).uniform(0, ceiling)
+        return (rng or random.SystemRandom()).uniform(0, ceiling)
 
 
 DEFAULT_RETRY = RetryPolicy()
