@@ -58,6 +58,7 @@ from burst.store import Store, default_local_url, is_local, open_store
 from burst.store.base import SHARED_PREFIXES, check_key
 from burst.supervise import faults, preemption
 from burst.training import adaptive, batches, checkpointing, failure, fencing, memory_control
+from burst.training import command as launch
 from burst.training import quota as memory_quota
 from burst.training.amp import AMP_DTYPES, parse_amp
 from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
@@ -277,13 +278,13 @@ class Run:
         if manifest is None:
             if sampler is not None:
                 self.adopt_sampler(sampler)
-            self.record_event("start", **self.layout())
+            self.record_event("start", **self.layout(), **launch.fields())
             self._outside.mark("attach()")
             return None
         self._check_snapshot(manifest, sampler)  # before any state changes or event
         self.restored = self._restore(manifest)
         self._pending_resume = {"step": self.restored.step, "notes": self.restored.notes,
-                                **self.layout()}
+                                **self.layout(), **launch.fields()}
         if sampler is not None:
             self.adopt_sampler(sampler)  # records the resume
         self._outside.mark("attach()")
