@@ -8,7 +8,8 @@ killed by a ``BURST_FAULT`` drill or a ``BURST_KILLPOINT`` dies by SIGKILL, as t
 killer or a preempted VM would leave it; the next child re-runs the same script against
 the same store, as a user restarting it would.
 
-For each scenario the worker writes the runs' exit codes; the records (loss bits per
+For each scenario the worker writes the runs' exit codes and the hidden temporaries each
+left in the store; the records (loss bits per
 step, a re-run step replacing the killed attempt's), the final state and each run's
 stderr lie under ``DIR/<scenario>``. The test compares them with the uninterrupted run.
 """
@@ -131,8 +132,12 @@ def main() -> None:
                 "--records", str(folder / "records.jsonl"), "--final", str(folder / "final.pt")]
         if name.startswith("old_way"):
             argv += ["--prefetch", "old"]
-        results[name] = [run_child(module.main, argv, env, folder / f"run{i}.err")
-                         for i, env in enumerate(runs)]
+        exits, temporaries = [], []
+        for i, env in enumerate(runs):
+            exits.append(run_child(module.main, argv, env, folder / f"run{i}.err"))
+            temporaries.append(sorted(str(p.relative_to(folder))
+                                      for p in (folder / "store").rglob(".*.tmp")))
+        results[name] = {"exits": exits, "temporaries": temporaries}
     args.out.write_text(json.dumps(results))
 
 

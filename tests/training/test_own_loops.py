@@ -67,7 +67,8 @@ def resumed_steps(folder: Path, run_id: str) -> list[int]:
 @pytest.mark.parametrize("script", SCRIPTS)
 def test_a_loop_killed_and_restarted_ends_bitwise_equal_to_the_uninterrupted_run(
         harness, script, scenario):
-    work, exits = harness[script]
+    work, results = harness[script]
+    exits = {name: result["exits"] for name, result in results.items()}
     assert exits["reference"] == [0]
     assert exits[scenario][:-1] == [-9] * (len(exits[scenario]) - 1)  # SIGKILLed
     assert exits[scenario][-1] == 0
@@ -77,9 +78,17 @@ def test_a_loop_killed_and_restarted_ends_bitwise_equal_to_the_uninterrupted_run
     assert_same(final_state(work / scenario, "final"), final_state(work / "reference", "final"))
 
 
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_a_persist_killed_mid_write_leaves_no_temporary_once_the_run_restarts(harness, script):
+    _, results = harness[script]
+    killed, restarted = results["during_persist"]["temporaries"]
+    assert killed  # the kill came between a blob's write and its rename
+    assert restarted == []
+
+
 def test_a_batch_drawn_outside_the_steps_is_warned_about_once(harness):
-    work, exits = harness["nanogpt"]
-    assert exits["old_way"] == [0]
+    work, results = harness["nanogpt"]
+    assert results["old_way"]["exits"] == [0]
     assert (work / "old_way" / "run0.err").read_text().count(WARNING) == 1
     history = events.read(LocalStore(work / "old_way" / "store"), "old_way")
     assert [e["step"] for e in history if e["event"] == OUTSIDE_EVENT] == [0]
@@ -93,8 +102,8 @@ def test_batches_drawn_by_run_batches_raise_no_warning(harness):
 
 def test_the_old_way_is_not_the_same_run_once_resumed(harness):
     """Why the warning matters: the batch drawn before the loop is drawn anew on resume."""
-    work, exits = harness["nanogpt"]
-    assert exits["old_way_resumed"] == [-9, 0]
+    work, results = harness["nanogpt"]
+    assert results["old_way_resumed"]["exits"] == [-9, 0]
     uninterrupted = step_records(work / "old_way" / "records.jsonl")
     resumed = step_records(work / "old_way_resumed" / "records.jsonl")
     assert resumed[:3] == uninterrupted[:3]  # before the kill's snapshot: the same
