@@ -33,7 +33,7 @@ from burst.state import rng
 from burst.state.carry import LoopState
 from burst.state.streams import Stream
 from burst.training.sampler import derive_seed
-from burst.training.step import Step
+from burst.training.step import Step, hand_out
 
 OUTSIDE_EVENT = "rng-outside-step"  # recorded once a run, with the warning's text
 DOCS = "docs/own-loop.md"
@@ -128,19 +128,8 @@ def steps(run: Any, fn: Callable[..., Any], *, over: Any = None, steps: int | No
         run.begin_step()
         current = Step(run.step + 1, run.epoch, count * run.micro_batch * run.world_size,
                        count, _micro_batches(run, source, count, limit), None, run.world_size)
-        try:
-            yield current
-        except GeneratorExit:  # the loop was left with break/return/an exception
-            if current.consumed == count and run.optimizer_stepped:
-                _end(run, loop, source, current.samples)
-            else:
-                run.abandon_step()
-            raise
-        if current.consumed != count:
-            run.abandon_step()
-            raise ConfigError(f"step {current.index} used {current.consumed} of its "
-                              f"{count} micro-batches: iterate the whole step")
-        _end(run, loop, source, current.samples)
+        yield from hand_out(current, lambda step=current: _end(run, loop, source, step.samples),
+                            run.abandon_step, lambda: run.optimizer_stepped)
 
 
 def _check(run: Any, fn: Callable[..., Any], steps: int | None, prefetch: int) -> LoopState:

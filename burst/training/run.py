@@ -64,7 +64,7 @@ from burst.training.amp import AMP_DTYPES, parse_amp
 from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
 from burst.training.metrics import LiveFigures, MetricBuffer
 from burst.training.sampler import ResumableSampler, derive_seed
-from burst.training.step import Step
+from burst.training.step import Step, hand_out
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
@@ -410,19 +410,8 @@ class Run:
             injector = self._injector if self._injector.pending else None  # drills only
             current = Step(self.step + 1, self.epoch, samples, micro_batches, source,
                            injector, self.world_size)
-            try:
-                yield current
-            except GeneratorExit:  # the loop was left with break/return/an exception
-                if current.consumed == micro_batches and self._optimizer_stepped:
-                    self.end_step(samples)
-                else:
-                    self.abandon_step()
-                raise
-            if current.consumed != micro_batches:
-                self.abandon_step()
-                raise ConfigError(f"step {current.index} used {current.consumed} of its "
-                                  f"{micro_batches} micro-batches: iterate the whole step")
-            self.end_step(samples)
+            yield from hand_out(current, lambda n=samples: self.end_step(n), self.abandon_step,
+                                lambda: self._optimizer_stepped)
 
     def batches(self, source: Callable[..., Any], *, over: Any = None,
                 steps: int | None = None, prefetch: int = 1) -> Iterator[Step]:

@@ -7,9 +7,10 @@ micro-batches, and the loop steps the optimizer after them.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
+from burst.errors import ConfigError
 from burst.supervise import faults
 
 
@@ -39,3 +40,25 @@ class Step:
         the factor includes the world size because DDP and FSDP *average* the ranks'
         gradients."""
         return micro_batch_samples * self.world_size / self.samples
+
+
+def hand_out(step: Step, end: Callable[[], None], abandon: Callable[[], None],
+             stepped: Callable[[], bool]) -> Iterator[Step]:
+    """Yield ``step`` to the loop, then count it (``end``) or drop it (``abandon``).
+
+    A loop left inside the step (``break``, ``return``, an exception) counts it only if
+    every micro-batch was used and the optimizer stepped (``stepped()``); a loop that goes
+    on to the next step without using them all is a mistake, said in one line."""
+    try:
+        yield step
+    except GeneratorExit:
+        if step.consumed == step.micro_batches and stepped():
+            end()
+        else:
+            abandon()
+        raise
+    if step.consumed != step.micro_batches:
+        abandon()
+        raise ConfigError(f"step {step.index} used {step.consumed} of its "
+                          f"{step.micro_batches} micro-batches: iterate the whole step")
+    end()
