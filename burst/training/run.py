@@ -87,7 +87,10 @@ class Run:
     """One training run: its identity, its batch layout, its snapshots.
 
     ``attach``, ``epochs``, ``steps``, ``snapshot``, ``log`` and ``close`` are all a plain
-    loop needs. A loop that burst does not own (Lightning's, Accelerate's: see
+    loop needs; a loop without a DataLoader uses ``batches`` instead of ``steps`` (burst
+    calls its batch function), and ``attach(carry=...)`` holds what a loop carries from
+    step to step (``burst.training.batches``, ``burst.state.carry``). A random draw
+    between two steps is warned about once. A loop that burst does not own (Lightning's, Accelerate's: see
     ``burst.integrations``) hands out the micro-batches itself and drives the run
     through these hooks instead of ``steps``, in this order for each optimizer step:
 
