@@ -47,6 +47,7 @@ SCRIPTS_UNDER_TEST = {
     "nanogpt": Script("example_nanogpt.py", 4000, last_step=12, last_micro=1),
     "lstm": Script("example_lstm.py", 120, last_step=16, last_micro=0),
 }
+PERSIST_START = "snapshot.marker-written"  # a persist's first point of its own
 PERSIST_POINT = "snapshot.blob"  # a blob of the second persist is being written: kill there
 
 
@@ -101,8 +102,9 @@ def killpoint_of_second_persist(main, argv: list[str], work: Path) -> int:
     if code != 0:
         raise SystemExit(f"the unkilled run failed: {(work / 'count.err').read_text()[-2000:]}")
     names = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
-    blobs = [i for i, name in enumerate(names) if name == PERSIST_POINT]
-    return blobs[1] + 2  # the point after it: its temporary written, not yet renamed
+    second = [i for i, name in enumerate(names) if name == PERSIST_START][1]
+    blob = names.index(PERSIST_POINT, second)
+    return blob + 2  # (1-based) the point after it: its temporary written, not renamed
 
 
 def main() -> None:
