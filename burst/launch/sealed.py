@@ -23,9 +23,11 @@ The system directories can come from another root than this machine's (``system`
 a ``debootstrap`` of another distribution, ``$BURST_STUB_SYSTEM``): the node then runs that
 distribution's ``python3`` and libraries, as a cloud image that is not this machine would.
 
-Where namespaces are not allowed (not root, no ``unshare``), :func:`problem` says why and
-the stub runs the node unsealed, saying so; ``BURST_STUB_SEAL=require`` turns that into an
-error (tests that must not pass on an unsealed node), ``off`` skips sealing.
+Where a node cannot be sealed (not root, no ``unshare``, ``pivot_root`` or ``setpriv``),
+:func:`problem` says why and the stub runs the node unsealed, with a warning and a
+``node-unsealed`` event in the run's history (a dry run says so too);
+``BURST_STUB_SEAL=require`` turns that into an error (tests that must not pass on an
+unsealed node), ``off`` skips sealing.
 """
 
 from __future__ import annotations
@@ -95,13 +97,15 @@ def mode(explicit: str | None = None) -> str:
 
 def system_root(explicit: str | Path | None = None) -> Path:
     """The root the node's system directories come from: ``explicit``, else
-    ``$BURST_STUB_SYSTEM``, else this machine's ``/``; one that holds no ``usr/bin/bash``
-    is refused in one line."""
+    ``$BURST_STUB_SYSTEM``, else this machine's ``/``; one without ``bash`` and ``setpriv``
+    (the node's shell and what drops its capabilities) is refused in one line."""
     value = explicit or os.environ.get(SYSTEM_ENV) or "/"
     root = Path(value).expanduser().resolve()
-    if not (root / "usr" / "bin" / "bash").exists() and not (root / "bin" / "bash").exists():
-        raise ConfigError(f"the sealed node's system root {root} holds no usr/bin/bash: give "
-                          "a distribution's root (debootstrap --variant=minbase SUITE DIR)")
+    missing = [tool for tool in ("bash", "setpriv") if not _has(root, tool)]
+    if missing:
+        raise ConfigError(f"the sealed node's system root {root} holds no "
+                          f"{' or '.join(missing)}: give a distribution's root (debootstrap "
+                          "--variant=minbase SUITE DIR)")
     return root
 
 
@@ -148,8 +152,7 @@ def enter_script(node: Node, keep_caps: tuple[str, ...] = ()) -> str:
               f"cd {home}"]
     dropped = ",".join(cap for cap in DROPPED_CAPS.split(",")
                        if cap.lstrip("-") not in keep_caps)
-    lines.append(f'exec setpriv --bounding-set={dropped} -- /bin/bash -c "$1"'
-                 if _has(node.system, "setpriv") else 'exec /bin/bash -c "$1"')
+    lines.append(f'exec setpriv --bounding-set={dropped} -- /bin/bash -c "$1"')
     return "\n".join(lines) + "\n"
 
 
@@ -213,7 +216,11 @@ def problem() -> str | None:
     """Why this machine cannot seal a node, in a few words; None when it can (tried once)."""
     if os.geteuid() != 0:
         return "namespaces need root"
-    missing = [t for t in ("unshare", "nsenter", "pivot_root", "mount") if not shutil.which(t)]
+    # looked up as the node's shell will look them up: on the stock PATH it is given
+    # looked up as the node's shell will look them up: on the stock PATH it is given;
+    # without setpriv the task would keep CAP_SYS_ADMIN and could remount its way out
+    missing = [t for t in ("unshare", "nsenter", "pivot_root", "mount", "setpriv")
+               if not shutil.which(t, path=STOCK_PATH)]
     if missing:
         return f"{', '.join(missing)} not found"
     with tempfile.TemporaryDirectory(prefix="burst-seal-probe-") as tmp:
