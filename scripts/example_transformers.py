@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
@@ -36,9 +37,9 @@ class Tokens(torch.utils.data.Dataset):
         return {"input_ids": ids, "labels": ids.clone(), "index": torch.tensor(int(index))}
 
 
-def tiny_gpt2() -> GPT2LMHeadModel:
+def tiny_gpt2(width: int = 32) -> GPT2LMHeadModel:
     """GPT-2's architecture at toy size, built from a config (nothing downloaded)."""
-    config = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=32, n_layer=2, n_head=2,
+    config = GPT2Config(vocab_size=VOCAB, n_positions=CONTEXT, n_embd=width, n_layer=2, n_head=2,
                         resid_pdrop=0.1, embd_pdrop=0.1, attn_pdrop=0.1)
     return GPT2LMHeadModel(config)
 
@@ -49,15 +50,15 @@ class Recording:
     records: str | None = None
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
-        index = inputs.pop("index")
-        if self.records:
+        index = inputs.pop("index", None)  # TRL's collator keeps only the model's inputs
+        if self.records and index is not None:
             with open(self.records, "a") as out:
-                out.write(json.dumps({"step": self.state.global_step + 1,
-                                      "indices": index.tolist()}) + "\n")
+                out.write(json.dumps({"step": self.state.global_step + 1, "pid": os.getpid(),
+                                      "time": time.time(), "indices": index.tolist()}) + "\n")
         return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
 
 
-def lora_trainer(args: TrainingArguments, run: burst.Run, data: Tokens):
+def lora_trainer(args: TrainingArguments, run: burst.Run, data: Tokens, width: int):
     """TRL's SFTTrainer with LoRA adapters on the attention projections."""
     import datasets
     from peft import LoraConfig
@@ -69,7 +70,7 @@ def lora_trainer(args: TrainingArguments, run: burst.Run, data: Tokens):
                           if f.init}, max_length=CONTEXT, dataset_text_field=None,
                        completion_only_loss=False, packing=False)
     trainer_class = type("RecordingSFT", (Recording, burst_trainer(SFTTrainer)), {})  # burst
-    return trainer_class(run=run, model=tiny_gpt2(), args=config, train_dataset=rows,
+    return trainer_class(run=run, model=tiny_gpt2(width), args=config, train_dataset=rows,
                          peft_config=LoraConfig(r=4, lora_alpha=8, target_modules=["c_attn"],
                                                 lora_dropout=0.1),
                          processing_class=_tokenizer())
@@ -95,13 +96,16 @@ def main() -> None:
     p.add_argument("--samples", type=int, default=96)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--persist-every", type=int, default=None)
+    p.add_argument("--keep", type=int, default=3)
     p.add_argument("--report-to", nargs="*", default=[])
     p.add_argument("--lora", action="store_true")
+    p.add_argument("--width", type=int, default=32, help="GPT-2's n_embd")
     args = p.parse_args()
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     run = burst.Run(args.run_id, store=args.store, global_batch=8, micro_batch=4,  # burst
-                    persist_every=args.persist_every, shadow_every=1 if args.persist_every else None)
+                    persist_every=args.persist_every, keep=args.keep,
+                    shadow_every=1 if args.persist_every else None)
     training = TrainingArguments(
         output_dir=args.out, per_device_train_batch_size=4, gradient_accumulation_steps=2,
         num_train_epochs=args.epochs, learning_rate=3e-3, warmup_steps=2, weight_decay=0.01,
@@ -110,10 +114,10 @@ def main() -> None:
         dataloader_num_workers=0, disable_tqdm=True)
     data = Tokens(args.samples)
     if args.lora:
-        trainer = lora_trainer(training, run, data)
+        trainer = lora_trainer(training, run, data, args.width)
     else:
         trainer_class = type("RecordingTrainer", (Recording, BurstTrainer), {})
-        trainer = trainer_class(run=run, model=tiny_gpt2(), args=training,  # burst: run=run
+        trainer = trainer_class(run=run, model=tiny_gpt2(args.width), args=training,  # burst: run=run
                                 train_dataset=data)
     trainer.records = args.records
     trainer.train()
