@@ -22,6 +22,7 @@ from burst import events
 from burst.snapshot import reader, sync
 from burst.store import LocalStore
 from tests.conftest import ROOT, assert_same
+from tests.training import tracker_checks as checks
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.e2e
@@ -40,12 +41,21 @@ KILLS = {  # what a kill point means -> the fault that makes it
 }
 
 
+TRACKERS = ["tensorboard", "wandb", "mlflow"]
+TRACKER_ENV = {"BURST_FAULT": "kill@6:1,kill@10:0", "WANDB_DIR": "wandb-logs",
+               "WANDB_PROJECT": "burst-trainer", "MLFLOW_TRACKING_URI": "file:mlruns",
+               "MLFLOW_EXPERIMENT_NAME": "burst-trainer"}
+
+
 def _plan() -> list[dict]:
     plan = [{"run_id": "reference", "args": TRAIN, "log_points": True}]
     for name, kill in KILLS.items():
         plan += [{"run_id": name, "args": TRAIN, **kill}, {"run_id": name, "args": TRAIN}]
     plan += [{"run_id": "replanned", "args": TRAIN, "env": {"BURST_FAULT": "kill@5:1"}},
              {"run_id": "replanned", "args": TRAIN, "env": {"BURST_MICRO_BATCH": "2"}}]
+    tracked = {"run_id": "tracked", "args": [*TRAIN, "--report-to", *TRACKERS],
+               "env": TRACKER_ENV}
+    plan += [tracked, tracked, tracked]  # killed in step 6 and in step 10, then to the end
     plan += [{"run_id": "lora-reference", "args": LORA},
              {"run_id": "lora", "args": LORA, "env": {"BURST_FAULT": "kill@5:1"}},
              {"run_id": "lora", "args": LORA}]
@@ -168,3 +178,18 @@ def test_lora_frozen_base_is_uploaded_once(harness, tmp_path):
     print(f"\nbytes uploaded per LoRA snapshot: {sent} (frozen base {base} bytes)")
     assert sent[0] > base
     assert all(later < base / 4 for later in sent[1:])
+
+
+def test_report_to_trackers_continue_the_same_run_after_two_kills(harness):
+    """``report_to=["tensorboard", "wandb", "mlflow"]``: one run each, every step once."""
+    work, results = harness
+    assert _exits(results, "tracked") == [-9, -9, 0]
+    assert _final(work, "tracked")["losses"] == _final(work, "reference")["losses"]
+    (log_dir,) = (work / "out" / "tracked" / "runs").iterdir()  # one directory, kept
+    assert checks.once_each(checks.tensorboard_steps(log_dir, "train/loss"), STEPS)
+    wandb_runs = checks.wandb_runs(work / "wandb-logs")
+    assert len(wandb_runs) == 1
+    assert checks.once_each(next(iter(wandb_runs.values())), STEPS)
+    mlflow_runs = checks.mlflow_runs(f"file:{work / 'mlruns'}", "burst-trainer", "train/loss")
+    assert len(mlflow_runs) == 1
+    assert checks.once_each(next(iter(mlflow_runs.values())), STEPS)
