@@ -180,7 +180,7 @@ class BurstTrainerMixin:
             import transformers
 
             raise ConfigError(f"transformers {transformers.__version__} has no Trainer."
-                              f"{missing[0]}: burst's Trainer adapter needs transformers 5")
+                              f"{missing[0]}: burst's Trainer adapter needs transformers 5.3 or newer")
         if len(args) > 1:  # Trainer(model, args, ...)
             args = (args[0], plan_arguments(args[1], run), *args[2:])
         elif kwargs.get("args") is not None:

@@ -15,6 +15,10 @@ The managed job's exit code is not the job's own: ``sky.jobs.tail_logs`` returns
 (success or not), so ``burst resume`` reads the job's meaning (86, 87, 88, 0) from the
 nodes' events in the store (:func:`burst.resume.status.job_exit_code`).
 
+SkyPilot may live in its own environment (its pins clash with current transformers):
+the SDK calls are :mod:`burst.launch.skyworker`'s, made in-process where ``sky`` imports
+here and in SkyPilot's interpreter otherwise (:mod:`burst.launch.skyenv`).
+
 Requests are asynchronous in the 0.14 SDK: each call returns a request id and
 ``sky.stream_and_get`` streams its log and returns its result. Secret values are handed to
 ``sky.Task.from_yaml_config`` as ``secrets_overrides``: they live in the ``sky.Task`` (which
@@ -29,8 +33,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from burst.errors import BurstError, ConfigError
-from burst.launch import LaunchResult, Reporter
-from burst.launch.task import RenderedTask, validate
+from burst.launch import LaunchResult, Reporter, skyenv, skyworker
+from burst.launch.task import RenderedTask
 
 MODES = ("jobs", "cluster")
 
@@ -71,53 +75,34 @@ class SkyPilotLauncher:
 
     def launch(self, task: RenderedTask, secrets: Mapping[str, str],
                report: Reporter) -> LaunchResult:
-        sky_task = validate(task.yaml, secrets)
+        sky = skyenv.require()
+        if self.mode == "jobs":
+            request = {"op": "job", "name": task.name}
+        else:
+            request = {"op": "cluster", "cluster": self._cluster(task),
+                       "idle_minutes": self.idle_minutes, "keep": self.keep}
+        request.update(yaml=task.yaml, secrets=dict(secrets))
+        if sky.python is not None:  # SkyPilot's own environment, across a process boundary
+            reply = skyenv.call(sky, request, event=report.event, say=report.say,
+                                output=report.output)
+            if "error" in reply:
+                raise BurstError(f"SkyPilot: {reply['error']}")
+            return _result(reply["result"])
         try:
             if self.mode == "jobs":
-                return self._managed_job(sky_task, task, report)
-            return self._on_cluster(sky_task, task, report)
+                return _result(skyworker.managed_job(task.yaml, secrets, task.name,
+                                                     report.event, report.say))
+            return _result(skyworker.on_cluster(task.yaml, secrets, self._cluster(task),
+                                                self.idle_minutes, self.keep, report.event,
+                                                report.say))
         except BurstError:
             raise
         except Exception as exc:  # the SDK's own errors: capacity, credentials, API server
-            raise BurstError(f"SkyPilot: {_one_line(exc)}") from None
+            raise BurstError(f"SkyPilot: {skyworker.one_line(exc)}") from None
 
     def _cluster(self, task: RenderedTask) -> str:
         return self.cluster or task.name
 
-    def _managed_job(self, sky_task: Any, task: RenderedTask, report: Reporter
-                     ) -> LaunchResult:
-        import sky
 
-        request = sky.jobs.launch(sky_task, name=task.name)
-        job_ids, _controller = sky.stream_and_get(request)
-        job_id = job_ids[0] if job_ids else None
-        report.event("skypilot-job", name=task.name, job_id=job_id)
-        report.say(f"managed job {task.name} (id {job_id}) launched; following its logs "
-                   "(Ctrl-C stops following, not the job)")
-        code = sky.jobs.tail_logs(job_id=job_id, follow=True)
-        return LaunchResult(int(code or 0), f"skypilot-job:{task.name}:{job_id}",
-                            {"job_id": job_id})
-
-    def _on_cluster(self, sky_task: Any, task: RenderedTask, report: Reporter) -> LaunchResult:
-        import sky
-
-        cluster = self._cluster(task)
-        request = sky.launch(sky_task, cluster_name=cluster,
-                             idle_minutes_to_autostop=self.idle_minutes, down=not self.keep)
-        job_id, _handle = sky.stream_and_get(request)
-        report.event("skypilot-cluster", cluster=cluster, job_id=job_id)
-        report.say(f"cluster {cluster}: job {job_id} running; following its logs")
-        code = sky.tail_logs(cluster, job_id, follow=True)
-        if self.keep:
-            report.say(f"keeping {cluster} (--keep): it stops when idle; sky down {cluster} "
-                       "when done with it")
-        else:
-            report.say(f"tearing down {cluster}")
-            sky.stream_and_get(sky.down(cluster))
-        return LaunchResult(int(code or 0), f"skypilot-cluster:{cluster}",
-                            {"job_id": job_id, "kept": self.keep})
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+def _result(reply: Mapping[str, Any]) -> LaunchResult:
+    return LaunchResult(int(reply["code"]), str(reply["handle"]), dict(reply["details"]))

@@ -42,7 +42,7 @@ from burst.env import codearchive, freeze
 from burst.env import wheelhouse as wheels
 from burst.env.lockfile import Lockfile, LockfileError
 from burst.errors import BurstError, ConfigError, SnapshotError
-from burst.launch import Launcher, LaunchResult, Reporter
+from burst.launch import Launcher, LaunchResult, Reporter, skyenv
 from burst.launch.task import (
     CA_BUNDLE_ENV,
     CA_BUNDLE_LIMIT,
@@ -165,6 +165,9 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
                     sorted(secrets), request.software, request.managed, request.max_restarts,
                     workdir=travelled.workdir)
     task = render(spec)
+    if task.checked_by is None:
+        say(f"SkyPilot is not installed, so its parser did not check the task (the local "
+            f"stub and ssh run it as it is; for clouds: {skyenv.INSTALL})")
     _check_no_secret(task, secrets)
     return Prepared(request, store, manifest["step"], pushed, environment, command, plans,
                     candidates, task, secrets, warnings)

@@ -105,7 +105,7 @@ def test_non_numbers_are_not_logged():
 def test_trackers_added_before_attach_are_refused_at_restore():
     trackers = Trackers()
     trackers.add(Memory())
-    with pytest.raises(ConfigError, match="after run.attach"):
+    with pytest.raises(ConfigError, match=r"after run\.attach"):
         trackers.restore({"trackers": {}})
 
 
