@@ -89,8 +89,8 @@ def serve(request: Mapping[str, Any]) -> dict[str, Any]:
     """One request: ``validate``, ``job`` or ``cluster``; the result's fields."""
     op = request.get("op")
 
-    def event(name: str, **fields: Any) -> None:
-        _emit({"event": name, "fields": fields})
+    def event(kind: str, /, **fields: Any) -> None:
+        _emit({"event": kind, "fields": fields})
 
     def say(text: str) -> None:
         _emit({"say": text})
