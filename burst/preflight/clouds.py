@@ -16,7 +16,6 @@ import os
 import signal
 import subprocess
 
-from burst.launch import skyenv
 from burst.preflight.table import FAIL, OK, UNKNOWN, Row
 
 NAME = "skypilot clouds"
@@ -53,6 +52,8 @@ def clouds_row(*, offline: bool, timeout: float = DEFAULT_TIMEOUT, required: boo
                python: str | None = None) -> Row:
     """The SkyPilot row; ``python`` is the interpreter SkyPilot is installed in (default:
     wherever burst finds it, :mod:`burst.launch.skyenv`)."""
+    from burst.launch import skyenv  # here: the launch package renders tasks (jinja2)
+
     mode = "cache" if offline else "live"
     answer, problem = _ask(python or skyenv.interpreter(), mode, timeout)
     if answer is None:
