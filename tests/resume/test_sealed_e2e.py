@@ -15,19 +15,18 @@ were not there.
 from __future__ import annotations
 
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.sealed_project import (
     ARGS,
-    PY,
     STORE_NAME,
     assert_resumed_bitwise,
     assert_saw_nothing,
     assert_trained_in_node_venv,
     environment,
+    kill_then_resume,
     make_project,
     sees,
 )
@@ -44,16 +43,8 @@ def resumed(tmp_path_factory, moto_s3, sealed_wheel_cache) -> dict:
     project, nodes = make_project(base / "project"), base / "nodes"
     env = environment(moto_s3.endpoint, nodes, sealed_wheel_cache)
     url = moto_s3.url(STORE_NAME)
-    killed = subprocess.run([PY, "train.py", "--run-id", RUN, "--store", url, *ARGS],
-                            cwd=project, capture_output=True, text=True, timeout=300,
-                            check=False, env={**env, "BURST_FAULT": "kill@5",
-                                              "BURST_LOCAL": str(project / ".burst")})
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    done = subprocess.run([PY, "-m", "burst.cli", "resume", RUN, "--to", "local", "--store",
-                           url, "--local", str(project / ".burst"), "--", "python",
-                           "train.py", *ARGS, "--seen", *sees(project)],
-                          cwd=project, capture_output=True, text=True, timeout=1800,
-                          check=False, env=env)
+    done = kill_then_resume(project, url, RUN, env, "kill@5", ARGS,
+                            ("--seen", *sees(project)))
     setup = [line for line in done.stderr.splitlines() if "stub: setup on" in line]
     wheels = list(nodes.glob("*/node0/home/burst-node/wheelhouse/*.whl"))
     setup.append(f"wheelhouse: {len(wheels)} wheels, "

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, assert_same
-from tests.sealed_project import PY, environment
+from tests.sealed_project import PY, environment, kill_then_resume
 
 pytest.importorskip("transformers")
 pytestmark = [pytest.mark.e2e,
@@ -50,15 +50,7 @@ def test_sealed_node_resumes_a_trainer_run_bitwise(tmp_path, moto_s3, sealed_whe
     root, nodes = project(tmp_path / "project"), tmp_path / "nodes"
     env = {**environment(moto_s3.endpoint, nodes, sealed_wheel_cache), **OFFLINE}
     url = moto_s3.url(RUN)
-    killed = subprocess.run([PY, "train.py", "--run-id", RUN, "--store", url, *ARGS],
-                            cwd=root, capture_output=True, text=True, timeout=600,
-                            check=False, env={**env, "BURST_FAULT": "kill@5:1",
-                                              "BURST_LOCAL": str(root / ".burst")})
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    done = subprocess.run([PY, "-m", "burst.cli", "resume", RUN, "--to", "local", "--store",
-                           url, "--local", str(root / ".burst"), "--", "python", "train.py",
-                           *ARGS], cwd=root, capture_output=True, text=True, timeout=1800,
-                          check=False, env=env)
+    done = kill_then_resume(root, url, RUN, env, "kill@5:1", ARGS)
     assert done.returncode == 0, done.stderr[-4000:] + done.stdout[-3000:]
     assert "node NOT sealed" not in done.stderr
     (code,) = sorted(nodes.glob("*/node0/home/burst-node/code"))

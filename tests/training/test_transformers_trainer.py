@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -193,3 +194,21 @@ def test_report_to_trackers_continue_the_same_run_after_two_kills(harness):
     mlflow_runs = checks.mlflow_runs(f"file:{work / 'mlruns'}", "burst-trainer", "train/loss")
     assert len(mlflow_runs) == 1
     assert checks.once_each(next(iter(mlflow_runs.values())), STEPS)
+
+
+def test_drilled_oom_under_the_agent_replans_the_trainer_and_finishes(tmp_path):
+    """``burst drill --fault oom@5``: a real CUDA OOM error in step 5, burst's emergency
+    snapshot and exit 86; the agent runs the same command again with half the
+    micro-batch and twice the accumulation, applied to the TrainingArguments."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "BURST_FREEZE": "0", "PYTHONHASHSEED": "0"}
+    done = subprocess.run(
+        [sys.executable, "-m", "burst.cli", "drill", "--fault", "oom@5", "--run-id", "drilled",
+         "--store", str(tmp_path / "store"), "--", sys.executable,
+         str(ROOT / "scripts" / "example_transformers.py"), *TRAIN, "--final",
+         str(tmp_path / "final.pt")], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=600, check=False)
+    assert done.returncode == 0, done.stderr[-4000:]
+    history = events.read(LocalStore(tmp_path / "store"), "drilled")
+    resume = next(e for e in history if e["event"] == "resume")
+    assert (resume["micro"], resume["accumulation"]) == (2, 4)
+    assert len(_final(tmp_path, "final")["losses"]) == STEPS
