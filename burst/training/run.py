@@ -129,6 +129,9 @@ class Run:
     - ``recover(exc)`` turns a CUDA OOM or GPU failure caught by the framework into the
       emergency snapshot and returns the exit code to leave with.
 
+    ``trackers`` (:mod:`burst.training.trackers`): TensorBoard, W&B and MLflow runs that
+    continue after a resume, their state kept in each snapshot; add them after ``attach``.
+
     ``in_optimizer_step``, ``layout``, ``save_boundary``, ``persist_shadow`` and
     ``record_event`` are what the failure guard asks of a run (``guard.GuardedRun``).
 

@@ -22,7 +22,7 @@ from tests.conftest import ROOT, assert_same
 from tests.sealed_project import PY, environment, kill_then_resume
 
 pytest.importorskip("transformers")
-pytestmark = [pytest.mark.e2e,
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500),  # the node installs transformers
               pytest.mark.skipif(os.geteuid() != 0, reason="a sealed node needs root")]
 RUN = "sealed-trainer"
 ARGS = ("--samples", "32", "--epochs", "2", "--persist-every", "2", "--final", "final.pt")
