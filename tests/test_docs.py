@@ -67,3 +67,17 @@ def test_the_quick_start_page_shows_the_walk_through_the_readme_tests() -> None:
         return re.findall(r"```bash\n(export PATH.*?)```", path.read_text(), flags=re.S)[0]
 
     assert walk_through(ROOT / "docs" / "quickstart.md") == walk_through(ROOT / "README.md")
+
+
+def test_the_own_loop_page_shows_the_lines_its_tested_scripts_run() -> None:
+    """Every line marked ``# burst`` in the page's examples is a line of the script that
+    tests/training/test_own_loops.py kills and restarts, so the page cannot drift."""
+    page = (ROOT / "docs" / "own-loop.md").read_text()
+    scripts = "\n".join((ROOT / "scripts" / name).read_text()
+                        for name in ("example_nanogpt.py", "example_lstm.py"))
+    script_lines = {line.strip() for line in scripts.splitlines()}
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.S)
+    marked = [line.strip() for block in blocks for line in block.splitlines()
+              if "# burst" in line]
+    assert len(marked) >= 10
+    assert [line for line in marked if line not in script_lines] == []

@@ -37,6 +37,7 @@ from burst.errors import BurstError
 from burst.snapshot import reader as snapshot
 from burst.store import is_local
 from burst.store.base import Store
+from burst.store.retry import retrying
 
 FREEZE_ENV = "BURST_FREEZE"
 
@@ -296,7 +297,9 @@ def reset_cache() -> None:
 def load_frozen(store: Store, run_id: str, step: int | None = None
                 ) -> tuple[lockfile.Lockfile, dict[str, Any] | None]:
     """The lockfile and code reference a run resumes with: those its snapshot (default: the
-    newest) names, else the newest frozen ones."""
+    newest) names, else the newest frozen ones. Read through the retry policy: a
+    cut-short body must not fail the push or resume that asked."""
+    store = retrying(store)
     manifest = snapshot.read_manifest(store, run_id, step)
     digest = (manifest or {}).get("lockfile_hash")
     code_ref = (manifest or {}).get("code_ref")

@@ -56,6 +56,7 @@ from burst.env.lockfile import TORCH_FAMILY, Lockfile, Package
 from burst.env.redact import strip_url
 from burst.errors import BurstError, ConfigError
 from burst.store.base import Store, check_key
+from burst.store.retry import retrying
 
 FORMAT = 1
 POLICIES = ("all", "no-torch", "none")
@@ -956,7 +957,9 @@ class Uploaded:
 
 def upload(store: Store, run_id: str, digest: str, house: Wheelhouse) -> Uploaded:
     """Store every wheel not yet in the store, then the lockfile's index (last: a reader
-    that finds the index finds every wheel it names)."""
+    that finds the index finds every wheel it names). Every call is retried on a
+    transient fault (:func:`burst.store.retry.retrying`)."""
+    store = retrying(store)
     done = Uploaded(index_key=index_key(run_id, digest), index=house.index())
     for wheel in house.wheels:
         if store.size(wheel.key) is not None:
@@ -981,9 +984,11 @@ def ensure(store: Store, run_id: str, lock: Lockfile, target: Target, *,
            cache: Path | None = None, torch_index: str | None = None,
            say: Say | None = None, paths: list[str] | None = None) -> Uploaded | None:
     """Build and upload the wheelhouse of ``lock`` unless the store already has one for
-    this target; None when there was nothing to do."""
+    this target; None when there was nothing to do. Its reads and writes are retried on
+    a transient fault: one cut-short body must not fail a push whose snapshots landed."""
     if target.policy == "none":
         return None
+    store = retrying(store)
     existing = load_index(store, run_id, lock.digest)
     if existing is not None and existing.get("target") == target.to_json() and all(
             store.size(wheel_key(w["sha256"], w["file"])) is not None
@@ -1032,6 +1037,7 @@ def _reuse(store: Store, run_id: str, lock: Lockfile, target: Target) -> dict[st
 
 def load_index(store: Store, run_id: str, digest: str) -> dict[str, Any] | None:
     """The wheelhouse index of a run's lockfile, or None when it has none."""
+    store = retrying(store)
     try:
         data = json.loads(store.get(index_key(run_id, digest)))
     except KeyError:
@@ -1047,6 +1053,7 @@ def load_index(store: Store, run_id: str, digest: str) -> dict[str, Any] | None:
 def download(store: Store, run_id: str, digest: str, dest: Path) -> dict[str, Any]:
     """Fetch the wheelhouse of a run's lockfile into ``dest`` (hash-checked; a wheel
     already there is kept) and write its index beside them; return the index."""
+    store = retrying(store)
     index = load_index(store, run_id, digest)
     if index is None:
         raise WheelhouseError(f"run {run_id!r} has no wheelhouse for lockfile {digest[:12]} "

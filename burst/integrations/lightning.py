@@ -53,9 +53,10 @@ class BurstCallback(Callback):
         self.loop.use_sampler(self.loop.sampler)  # check it against the snapshot's data
         if report is not None:
             self.loop.roll_over_finished_epoch()
-            # Lightning creates the first iterator (one RNG draw) before training starts;
-            # the restored generators are put back right before the first batch.
-            self._resumed_rng = rng.capture()
+        # Lightning creates the first iterator (one RNG draw) before training starts; the
+        # generators as attach left them (restored, or fresh) are put back right before
+        # the first batch, so a fresh run and a resumed one start their steps alike
+        self._resumed_rng = rng.capture()
         self.loop.position()  # before Lightning's setup creates the first iterator
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:

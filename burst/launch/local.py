@@ -52,6 +52,7 @@ from burst.launch.task import RenderedTask
 from burst.parallel.launching import PORT_ENV
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
+UNSEALED_EVENT = "node-unsealed"  # a stub node ran on this machine as it is
 
 PASS_THROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONHASHSEED",
                 "BURST_NODE_GPU", "CUDA_VISIBLE_DEVICES", "BURST_TEMPLATES")
@@ -115,8 +116,10 @@ class LocalLauncher:
 
     def describe(self, task: RenderedTask, secret_names: list[str]) -> list[str]:
         names = ", ".join(secret_names) or "none"
-        how = ("a sealed node (own mount, pid and network namespaces; system /usr and /etc "
-               "read-only; no package index)" if self.seal != "off" else "a plain directory")
+        why = self.unsealed_because()  # what the launch would find: said now, not after
+        how = (f"a plain directory, NOT sealed ({why})" if why else
+               "a sealed node (own mount, pid and network namespaces; system /usr and /etc "
+               "read-only; no package index)")
         return [
             f"# local SkyPilot stub: each node is a fresh directory under {self.root}, "
             f"run as {how}",
@@ -127,19 +130,29 @@ class LocalLauncher:
         ] + ([] if self.mode == "jobs" or self.keep else
              ["rm -rf NODE  # cluster mode: torn down when the run ends (--keep keeps it)"])
 
-    def sealing(self, task: RenderedTask, report: Reporter) -> Sealing | None:
-        """How this task's nodes are sealed; None (said in one line) where they cannot be."""
+    def unsealed_because(self) -> str | None:
+        """Why this launcher's nodes would run unsealed (None: they are sealed); raises
+        ``SealError`` where sealing is required and impossible."""
         if self.seal == "off":
-            report.say(f"stub: node NOT sealed (${sealed.SEAL_ENV}=off): it shares this "
-                       "machine's files, venv, pip configuration and network")
-            return None
+            return f"${sealed.SEAL_ENV}=off"
         why = (f"--node-python {self.node_python} is this machine's interpreter"
                if self.node_python else sealed.problem())
+        if why and self.seal == "require":
+            raise sealed.SealError(f"stub: cannot seal the node ({why}) and "
+                                   f"${sealed.SEAL_ENV}=require")
+        return why
+
+    def sealing(self, task: RenderedTask, report: Reporter) -> Sealing | None:
+        """How this task's nodes are sealed; None where they cannot be, said as a warning
+        and recorded in the run's history (``node-unsealed``): whatever is missing (not
+        root, no ``unshare``, no ``pivot_root``), a node that shares this machine's files
+        proves nothing about a cloud node, and nobody should read its success as that."""
+        why = self.unsealed_because()
         if why:
-            if self.seal == "require":
-                raise sealed.SealError(f"stub: cannot seal the node ({why}) and "
-                                       f"${sealed.SEAL_ENV}=require")
-            report.say(f"stub: node NOT sealed ({why}); it runs on this machine as it is")
+            report.say(f"WARNING: stub: node NOT sealed ({why}): it runs on this machine as "
+                       "it is, with its files, venv, pip configuration and network; "
+                       f"${sealed.SEAL_ENV}=require refuses to")
+            report.event(UNSEALED_EVENT, reason=why)
             return None
         ports = sealed.store_ports(task.envs)
         if ports is None:

@@ -19,9 +19,11 @@ internet are then unreachable for real, as from a node behind the Great Firewall
 by configuration. The environment points pip and uv at a dead loopback port anyway, so a
 tool that tries an index fails at once instead of after a DNS timeout.
 
-Where namespaces are not allowed (not root, no ``unshare``), :func:`problem` says why and
-the stub runs the node unsealed, saying so; ``BURST_STUB_SEAL=require`` turns that into an
-error (tests that must not pass on an unsealed node), ``off`` skips sealing.
+Where a node cannot be sealed (not root, no ``unshare``, ``pivot_root`` or ``setpriv``),
+:func:`problem` says why and the stub runs the node unsealed, with a warning and a
+``node-unsealed`` event in the run's history (a dry run says so too);
+``BURST_STUB_SEAL=require`` turns that into an error (tests that must not pass on an
+unsealed node), ``off`` skips sealing.
 """
 
 from __future__ import annotations
@@ -130,8 +132,7 @@ def enter_script(node: Node, keep_caps: tuple[str, ...] = ()) -> str:
               f"cd {home}"]
     dropped = ",".join(cap for cap in DROPPED_CAPS.split(",")
                        if cap.lstrip("-") not in keep_caps)
-    lines.append(f'exec setpriv --bounding-set={dropped} -- /bin/bash -c "$1"'
-                 if shutil.which("setpriv") else 'exec /bin/bash -c "$1"')
+    lines.append(f'exec setpriv --bounding-set={dropped} -- /bin/bash -c "$1"')
     return "\n".join(lines) + "\n"
 
 
@@ -187,7 +188,11 @@ def problem() -> str | None:
     """Why this machine cannot seal a node, in a few words; None when it can (tried once)."""
     if os.geteuid() != 0:
         return "namespaces need root"
-    missing = [t for t in ("unshare", "nsenter", "pivot_root", "mount") if not shutil.which(t)]
+    # looked up as the node's shell will look them up: on the stock PATH it is given
+    # looked up as the node's shell will look them up: on the stock PATH it is given;
+    # without setpriv the task would keep CAP_SYS_ADMIN and could remount its way out
+    missing = [t for t in ("unshare", "nsenter", "pivot_root", "mount", "setpriv")
+               if not shutil.which(t, path=STOCK_PATH)]
     if missing:
         return f"{', '.join(missing)} not found"
     with tempfile.TemporaryDirectory(prefix="burst-seal-probe-") as tmp:

@@ -25,6 +25,7 @@ rank 0's): the rest is rank 0's alone.
 from __future__ import annotations
 
 import heapq
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -52,7 +53,7 @@ def capture_rank(components: state_mod.Components, extra: dict, group: Group
     tensors, boxes = _own_pieces(shared, group)
     if group.is_writer:
         assert rng_states is not None  # rank 0 gathers them
-        rest = state_mod.Components(None, None, components.scheduler, components.scaler)
+        rest = replace(components, model=None, optimizer=None)
         rest_tree, rest_tensors = state_mod.capture(rest, extra)
         ranks = [rng.storable(rank_rng.from_json(s)) for s in rng_states]
         rest_tree["rng_ranks"] = tree.encode(ranks, "state/rng_ranks", rest_tensors)

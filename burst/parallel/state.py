@@ -17,6 +17,7 @@ and takes its own generators; a sharded model reads only its own shards of each 
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import torch
 
@@ -54,7 +55,7 @@ def capture(components: state_mod.Components, extra: dict, group: Group
     from burst.parallel import sharded as dcp
 
     full_model, full_optim = dcp.full_state(components.model, components.optimizer)
-    local = state_mod.Components(None, None, components.scheduler, components.scaler)
+    local = replace(components, model=None, optimizer=None)
     state_tree, tensors = state_mod.capture(local, extra)
     state_tree["model"] = tree.encode(full_model, "state/model", tensors)
     state_tree["optimizer"] = tree.encode(full_optim, "state/optimizer", tensors)
@@ -97,7 +98,7 @@ def restore(components: state_mod.Components, saved: dict, group: Group, *, save
 
         dcp.check(components.model, components.optimizer, saved.get("model"),
                   saved.get("optimizer"))
-        local = state_mod.Components(None, None, components.scheduler, components.scaler)
+        local = replace(components, model=None, optimizer=None)
         notes = state_mod.restore(local, state, saved_amp=saved_amp, amp=amp)
         dcp.load(components.model, components.optimizer, saved["model"], saved.get("optimizer"))
     else:

@@ -332,8 +332,14 @@ def ensure_wheelhouse(store: Store, request: Request, lock: Lockfile | None,
     return []
 
 
+#: the events that name the command a run was started with: the agent's start of its child
+#: (``burst run -- python train.py``), and the run's own start or resume when it was started
+#: without the agent (``python train.py``; burst.training.command)
+COMMAND_EVENTS = ("child-start", "start", "resume")
+
+
 def recorded_command(store: Store, request: Request) -> list[str]:
-    """The entry point the agent last started (``burst run -- python train.py``)."""
+    """The entry point the run was last started with."""
     history = events.read(store, request.run_id)
     try:
         local = open_store(request.local_url)
@@ -341,12 +347,18 @@ def recorded_command(store: Store, request: Request) -> list[str]:
             history += events.read(local, request.run_id)
     except BurstError:
         pass
-    starts = sorted((e for e in history if e.get("event") == "child-start" and e.get("command")),
+    starts = sorted((e for e in history
+                     if e.get("event") in COMMAND_EVENTS and isinstance(e.get("command"), str)
+                     and e["command"].strip()),
                     key=lambda e: str(e.get("time")))
     if not starts:
         raise ConfigError("the run's history names no training command: give it after --, "
                           "e.g. burst resume RUN --to local -- python train.py")
-    command = shlex.split(str(starts[-1]["command"]))
+    try:
+        command = shlex.split(starts[-1]["command"])
+    except ValueError:
+        raise ConfigError(f"the run's history names an unreadable command "
+                          f"({starts[-1]['command'][:80]!r}): give it after --") from None
     if command and Path(command[0]).name.startswith("python"):
         command[0] = "python"  # this machine's interpreter path means nothing on the node
     return command

@@ -16,6 +16,7 @@ from burst import events
 from burst.errors import BurstError, SnapshotError
 from burst.snapshot import reader as snapshot
 from burst.store import Store
+from burst.training.adaptive import FIRST_PERSIST_SECONDS
 from burst.training.failure import EXIT_GPU_FAILURE, EXIT_OOM, EXIT_STOPPED
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
@@ -179,11 +180,21 @@ def snapshot_intervals(history: list[dict], manifest: dict | None) -> dict[str, 
         return None
     keys = ("shadow_every", "persist_seconds", "expected_loss_seconds", "step_seconds",
             "shadow_cost", "persist_cost", "budget", "chosen")
-    return {key: found.get(key) for key in keys}
+    intervals = {key: found.get(key) for key in keys}
+    # chosen intervals persist first after FIRST_PERSIST_SECONDS of training: a run that
+    # never got there has only what close() (or a failure) wrote
+    intervals["first_persist_pending"] = bool(found.get("chosen")) and not any(
+        e.get("event") == "snapshot" and e.get("reason") == "periodic" for e in history)
+    return intervals
 
 
 def intervals_line(intervals: dict[str, Any]) -> str:
     """One line for ``burst status``: the intervals and the expected loss on a kill."""
+    if intervals.get("first_persist_pending"):
+        return (f"shadow every {intervals.get('shadow_every')} step(s); no periodic persist "
+                f"yet: the first comes after {FIRST_PERSIST_SECONDS:.0f}s of training, so a "
+                "run shorter than that persists only at close() (a kill before then loses "
+                "it all; persist_every=N persists by steps)")
     persist = intervals.get("persist_seconds")
     loss = intervals.get("expected_loss_seconds")
     head = (f"shadow every {intervals.get('shadow_every')} step(s), persist "

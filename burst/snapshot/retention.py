@@ -33,9 +33,10 @@ from burst.snapshot.reader import list_steps, referenced_blobs
 from burst.store.base import Store
 
 MARKER_TTL = 24 * 3600.0
-# A temporary idle this long belongs to a write that died: the marker of any upload still
-# alive is younger (GC already treats older ones as dead), and a live writer touches its
-# temporary as it writes. Far above the seconds a marker or blob write takes.
+# A local store's temporaries are judged by their writer's lock (burst.store.local): a dead
+# write's goes at once. Where a filesystem has no locks, one idle this long belongs to a
+# write that died: the marker of any upload still alive is younger (GC already treats
+# older ones as dead), and a live writer touches its temporary as it writes.
 TEMP_TTL = MARKER_TTL
 
 
@@ -103,9 +104,9 @@ def gc(store: Store, run_id: str, keep_last: int = 3, keep_every: int | None = N
 
 
 def sweep_temporaries(store: Store, run_id: str, older_than: float = TEMP_TTL) -> int:
-    """Remove the run's temporaries that writes killed mid-way left (older than
-    ``older_than`` seconds); return how many. Object stores have none: their writes
-    are atomic on the server."""
+    """Remove the run's temporaries that writes killed mid-way left (no live writer holds
+    them; where that cannot be told, idle for ``older_than`` seconds); return how many.
+    Object stores have none: their writes are atomic on the server."""
     sweep = getattr(store, "sweep_temporaries", None)
     return int(sweep(f"{run_id}/", older_than)) if sweep is not None else 0
 

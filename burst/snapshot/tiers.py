@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 
-from burst.errors import SnapshotError
+from burst.errors import BurstError, SnapshotError
 from burst.snapshot import format as fmt
 from burst.snapshot import parts, retention
 from burst.snapshot.commit import commit
@@ -311,13 +311,18 @@ class Tiers:
 
     def _prune(self, store: Store) -> None:
         """Keep the newest ``keep`` snapshots (:func:`prune`); sweep killed writes'
-        temporaries at the first prune that runs, then once every ``SWEEP_SECONDS``.
-        Only temporaries idle for a day are removed, so walking the whole run after every
-        persist (every step, if asked) bought nothing."""
+        temporaries after the first write (a restarted run clears what its killed
+        predecessor left, however few snapshots there are), then once every
+        ``SWEEP_SECONDS``: walking the whole run after every persist bought nothing."""
         now = time.monotonic()
-        sweep = self._swept_at is None or now - self._swept_at >= SWEEP_SECONDS
-        if prune(store, self.run_id, self.keep or 0, sweep=sweep) and sweep:
+        if self._swept_at is None or now - self._swept_at >= SWEEP_SECONDS:
             self._swept_at = now
+            try:
+                retention.sweep_temporaries(store, self.run_id)
+            except (BurstError, OSError) as exc:  # housekeeping never fails a snapshot
+                warnings.warn(f"burst: sweeping temporaries failed ({_one_line(exc)})",
+                              RuntimeWarning, stacklevel=1)
+        prune(store, self.run_id, self.keep or 0, sweep=False)
 
     def busy(self) -> bool:
         with self._cond:

@@ -1,4 +1,5 @@
-"""What a snapshot holds, and putting it back: model, optimizer, scheduler, scaler, RNG, extra.
+"""What a snapshot holds, and putting it back: model, optimizer, scheduler, scaler, RNG,
+extra, and what the loop carries (:mod:`burst.state.carry`).
 
 Capture returns the state as a JSON tree plus a table of live tensors (not yet copied:
 the RAM shadow copies them). Restore is two-phase: everything is checked against the
@@ -15,6 +16,7 @@ import torch
 
 from burst.errors import SnapshotError
 from burst.state import rng, tree
+from burst.state.carry import LoopState
 from burst.training import amp as amp_rules
 
 
@@ -26,6 +28,7 @@ class Components:
     optimizer: torch.optim.Optimizer | None = None
     scheduler: Any | None = None  # anything with state_dict()/load_state_dict()
     scaler: Any | None = None  # torch.amp.GradScaler
+    loop: LoopState | None = None  # carried values, the batch source's place
 
 
 @dataclass
@@ -65,6 +68,9 @@ def capture(components: Components, extra: dict, rng_state: dict | None = None,
         "rng": rng.storable(rng_state if rng_state is not None else rng.capture()),
         "extra": extra,
     }
+    loop = components.loop.capture() if components.loop is not None else None
+    if loop is not None:  # left out when nothing is carried: the tree stays as it was
+        state["loop"] = loop
     return tree.encode(state, "state", tensors), tensors
 
 
@@ -93,6 +99,8 @@ def restore(components: Components, state: dict, *, saved_amp: str | None,
     _check_model(components.model, state.get("model"))
     _check_optimizer(components.optimizer, state.get("optimizer"))
     rng.check(state.get("rng"))
+    if components.loop is not None:
+        components.loop.check(state.get("loop"))
     notes: list[str] = []
     if components.model is not None and state.get("model") is not None:
         components.model.load_state_dict(state["model"], strict=True)
@@ -106,6 +114,8 @@ def restore(components: Components, state: dict, *, saved_amp: str | None,
             components.scheduler.load_state_dict(state["scheduler"])
     notes += amp_rules.restore_scaler(components.scaler, state.get("scaler"), saved_amp, amp)
     notes += rng.restore(state["rng"])
+    if components.loop is not None:
+        notes += components.loop.restore(state.get("loop"))
     return notes
 
 

@@ -17,10 +17,8 @@ README ("Scaling out").
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
-import numpy as np
 import torch
 
 from burst.state import rng
@@ -66,13 +64,9 @@ def derived(seed: int, step: int, rank: int) -> dict[str, Any]:
 
     CUDA is left out: :func:`seed_cuda` seeds the rank's device once it is restored.
     """
-    value = rank_seed(seed, step, rank)
-    kind, keys, pos, has_gauss, gauss = np.random.RandomState(value % (1 << 32)).get_state()
-    return {
-        "python": random.Random(value).getstate(),
-        "numpy": [kind, keys.tolist(), int(pos), int(has_gauss), float(gauss)],
-        "torch": torch.Generator().manual_seed(value).get_state(),
-    }
+    state = rng.seeded(rank_seed(seed, step, rank))
+    state["numpy"][1] = state["numpy"][1].tolist()  # as a rank's state crosses to rank 0
+    return state
 
 
 def for_rank(saved: dict[str, Any], rank: int, seed: int, step: int

@@ -93,6 +93,64 @@ class Boundary:
         return state
 
 
+class Fingerprint:
+    """Whether any global generator moved between two moments, for a few microseconds.
+
+    A run marks the generators when a step ends and asks at the next step's start whether
+    anything drew in between (:mod:`burst.training.batches` says why that matters). Python's
+    and NumPy's raw states are read in place as bytes (see :class:`Boundary`), torch's CPU
+    state is its 5 KB byte tensor; CUDA's are read only once CUDA is in use. Nothing is
+    walked or converted: a mark is a handful of copies, a check as many comparisons."""
+
+    def __init__(self) -> None:
+        self._numpy_view, self._python_view = _RawView(_numpy_address), _RawView(_python_address)
+        self._marked: tuple[Any, ...] | None = None
+
+    def mark(self) -> None:
+        self._marked = self._read()
+
+    def moved(self) -> bool:
+        """Whether a generator drew since :meth:`mark` (False before any mark)."""
+        if self._marked is None:
+            return False
+        now = self._read()
+        return any(not _same(a, b) for a, b in zip(self._marked, now, strict=True))
+
+    def _read(self) -> tuple[Any, ...]:
+        python = self._python_view.read(getattr(random.getstate, "__self__", None))
+        get = getattr(np.random, "get_bit_generator", None)
+        numpy = self._numpy_view.read(get() if get is not None else None)
+        return (python if python is not None else random.getstate(),
+                numpy if numpy is not None else _numpy_bytes(),
+                torch.get_rng_state(),
+                torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [])
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, list) and a and isinstance(a[0], torch.Tensor):
+        return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+    return bool(a == b)
+
+
+def _numpy_bytes() -> tuple[Any, ...]:
+    """NumPy's global state where its raw view cannot be read, comparable with ``==``."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    return kind, keys.tobytes(), int(pos), int(has_gauss), float(gauss)
+
+
+def seeded(value: int) -> dict[str, Any]:
+    """Fresh generator states from one seed (Python, NumPy, torch CPU), built without
+    touching the live generators; CUDA is left to whoever uses the state."""
+    kind, keys, pos, has_gauss, gauss = np.random.RandomState(value % (1 << 32)).get_state()
+    return {
+        "python": random.Random(value).getstate(),
+        "numpy": [kind, keys, int(pos), int(has_gauss), float(gauss)],
+        "torch": torch.Generator().manual_seed(value).get_state(),
+    }
+
+
 _RAW_FORMAT = "i624I"  # CPython's RandomObject after its header: int index, uint32 key[624]
 _RAW_BYTES = 624 * 4 + 4  # the same size as NumPy's MT19937 state: uint32 key[624], int pos
 

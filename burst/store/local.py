@@ -7,6 +7,11 @@ itself survives a power cut.
 Everything is owner-only: directories burst creates are 0700 and files 0600, since a
 snapshot holds the model and its data's statistics and a shared machine has other users.
 
+A write's temporary (``.<name>.<random>.tmp``) is locked (``flock``) by its writer from
+creation to rename, so a sweep can tell a killed write's temporary (nobody holds its
+lock: the kernel dropped it with the process) from a live one, however slow, and remove
+only the former, at once (:meth:`LocalStore.sweep_temporaries`).
+
 The store never follows a symbolic link out of its root: a link planted inside it
 (``run/blobs/ad -> /elsewhere``) would otherwise send writes, and hand reads, outside it.
 Every path is resolved and checked to lie under the root before it is used (a write
@@ -17,6 +22,8 @@ listings do not enter or show links at all.
 from __future__ import annotations
 
 import contextlib
+import errno
+import fcntl
 import mmap
 import os
 import stat
@@ -65,20 +72,13 @@ class LocalStore:
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         path = self._target(key)
         _makedirs(path.parent)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                killpoints.hit("local.put.written")
-                f.flush()
-                os.fsync(f.fileno())
+        with _temporary(path) as (fd, tmp):
+            _write_all(fd, data)
+            killpoints.hit("local.put.written")
+            os.fsync(fd)
             killpoints.hit("local.put.synced")
             os.replace(tmp, path)
             killpoints.hit("local.put.replaced")
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
         _fsync_dir(path.parent)
 
     def put_filled(self, key: str, size: int, fill: Callable[[memoryview], None]) -> None:
@@ -109,21 +109,12 @@ class LocalStore:
         returns."""
         path = self._target(key)
         _makedirs(path.parent)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
+        with _temporary(path) as (fd, tmp):
             os.ftruncate(fd, size)
             fill(fd)
             os.fsync(fd)
-            os.close(fd)
-            fd = -1
             killpoints.hit("local.filled.synced")
             os.replace(tmp, path)
-        except BaseException:
-            if fd >= 0:
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
         _fsync_dir(path.parent)
 
     @contextlib.contextmanager
@@ -160,20 +151,14 @@ class LocalStore:
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         path = self._target(key)
         _makedirs(path.parent)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+        with _temporary(path) as (fd, tmp):
+            _write_all(fd, data)
+            os.fsync(fd)
             killpoints.hit("local.put_if_absent.synced")
             try:
                 os.link(tmp, path)  # link() fails if the target exists: an atomic create
             except FileExistsError:
                 return False
-        finally:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
         _fsync_dir(path.parent)
         return True
 
@@ -241,13 +226,15 @@ class LocalStore:
         return addressable(keys)
 
     def sweep_temporaries(self, prefix: str, older_than: float) -> int:
-        """Delete temporaries under ``prefix`` that no write has touched for ``older_than``
-        seconds; return how many.
+        """Delete the temporaries under ``prefix`` that no live write holds; return how
+        many.
 
-        A write killed between creating its temporary and renaming it into place (say,
-        during an upload marker) leaves ``.<name>.<random>.tmp`` behind, invisible to
-        listings and so to GC. A live writer touches its temporary as it writes, so only
-        one idle for longer than any write takes is removed.
+        A write killed between creating its temporary and renaming it into place (a
+        persist, an upload marker) leaves ``.<name>.<random>.tmp`` behind, invisible to
+        listings and so to GC. Its writer's lock died with it, so a temporary whose lock
+        can be taken is removed at once (under that lock); one whose lock is held belongs
+        to a live write, never touched. Where the filesystem has no locks, a temporary
+        counts as dead once nothing has written it for ``older_than`` seconds.
         """
         check_prefix(prefix)
         base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
@@ -256,13 +243,9 @@ class LocalStore:
         self._contain(base, prefix)
         cutoff, swept, cut = time.time() - older_than, 0, self._cut
         for entry in _files(base):
-            if not (entry.name.startswith(".") and entry.name.endswith(".tmp")
-                    and entry.path[cut:].startswith(prefix)):
-                continue
-            with contextlib.suppress(FileNotFoundError):  # finished (renamed) meanwhile
-                if os.lstat(entry.path).st_mtime < cutoff:
-                    os.unlink(entry.path)
-                    swept += 1
+            if entry.name.startswith(".") and entry.name.endswith(".tmp") \
+                    and entry.path[cut:].startswith(prefix):
+                swept += _remove_if_dead(entry.path, cutoff)
         return swept
 
     def append(self, key: str, data: bytes) -> None:
@@ -279,6 +262,68 @@ class LocalStore:
     def delete(self, key: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             self._target(key).unlink()
+
+
+@contextlib.contextmanager
+def _temporary(path: Path) -> Iterator[tuple[int, str]]:
+    """A new temporary beside ``path`` (descriptor and name), locked while the write
+    lives and removed at the end unless renamed or linked into place by then.
+
+    A sweep may take a dead-looking temporary between its creation and its lock: the
+    writer then finds it unlinked (or the lock taken) and makes another."""
+    while True:
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        if _lock(fd, wait=False) is not False and os.fstat(fd).st_nlink:
+            break
+        os.close(fd)
+    try:
+        yield fd, tmp
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)  # renamed away already, unless the write failed
+        os.close(fd)  # the lock goes with the last descriptor
+
+
+def _lock(fd: int, wait: bool) -> bool | None:
+    """Take ``fd``'s exclusive lock: True, False when another holds it, None when this
+    filesystem has no locks."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+    except BlockingIOError:
+        return False
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EINVAL, errno.EOPNOTSUPP, errno.ENOSYS):
+            return None
+        raise
+    return True
+
+
+def _remove_if_dead(path: str, cutoff: float) -> int:
+    """Remove the temporary at ``path`` unless a live write holds it (1 if removed)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return 0  # renamed meanwhile, or not a plain file: not ours to judge
+    try:
+        held = _lock(fd, wait=False)
+        status = os.fstat(fd)
+        if held is False or (held is None and status.st_mtime >= cutoff):
+            return 0
+        try:
+            if os.lstat(path).st_ino != status.st_ino:
+                return 0  # another file took the name meanwhile
+            os.unlink(path)
+        except FileNotFoundError:
+            return 0
+        return 1
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, data: bytes | bytearray | memoryview) -> None:
+    view = memoryview(data).cast("B")
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _files(base: Path) -> Iterator[os.DirEntry[str]]:

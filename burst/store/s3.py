@@ -460,10 +460,14 @@ class S3Store:
                 return TransientStoreError(f"{where}: {what}: {code} (HTTP {status})")
             message = exc.response.get("Error", {}).get("Message") or code
             return StoreError(f"{where}: {what} failed: {code}: {_one_line(message)}")
-        if isinstance(exc, (bexc.EndpointConnectionError, bexc.ConnectionClosedError,
-                            bexc.ReadTimeoutError, bexc.ConnectTimeoutError,
-                            bexc.HTTPClientError, bexc.ConnectionError)):
+        if isinstance(exc, bexc.ConnectionError):  # no connection made: unreachable
             return TransientStoreError(f"{where}: cannot reach the endpoint while {what}: "
+                                       f"{_one_line(str(exc))}")
+        if isinstance(exc, bexc.ReadTimeoutError):
+            return TransientStoreError(f"{where}: the endpoint stopped answering while "
+                                       f"{what}: {_one_line(str(exc))}")
+        if isinstance(exc, bexc.HTTPClientError):  # reached, then cut off (a body cut short)
+            return TransientStoreError(f"{where}: the connection broke while {what}: "
                                        f"{_one_line(str(exc))}")
         if isinstance(exc, _DAMAGED_IN_TRANSIT):  # a body cut short or garbled: ask again
             return TransientStoreError(f"{where}: {what}: the response was damaged in "

@@ -53,15 +53,18 @@ from burst.snapshot.tensors import load_tensors
 from burst.snapshot.upload import UploadQueue
 from burst.state import capture as state_mod
 from burst.state import rng
+from burst.state.carry import LoopState
 from burst.store import Store, default_local_url, is_local, open_store
 from burst.store.base import SHARED_PREFIXES, check_key
 from burst.supervise import faults, preemption
-from burst.training import adaptive, checkpointing, failure, fencing, memory_control
+from burst.training import adaptive, batches, checkpointing, failure, fencing, memory_control
+from burst.training import command as launch
 from burst.training import quota as memory_quota
 from burst.training.amp import AMP_DTYPES, parse_amp
 from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
 from burst.training.metrics import LiveFigures, MetricBuffer
 from burst.training.sampler import ResumableSampler, derive_seed
+from burst.training.step import Step, hand_out
 from burst.training.trackers import STATE_KEY as TRACKERS_KEY
 from burst.training.trackers import Trackers
 
@@ -82,39 +85,14 @@ STOP_REASON = "signal"  # the snapshot reason that also stops the run (SIGTERM/S
 _ROUTINE_REASONS = ("periodic", "manual", "final")  # snapshots that may wait for the freeze
 
 
-class Step:
-    """One optimizer step: iterate it for its micro-batches, then step the optimizer."""
-
-    def __init__(self, index: int, epoch: int, samples: int, micro_batches: int,
-                 batches: Iterator[Any], injector: faults.Injector | None = None,
-                 world_size: int = 1) -> None:
-        self.index, self.epoch = index, epoch
-        self.world_size = world_size
-        self.samples, self.micro_batches = samples, micro_batches
-        self._batches, self._injector = batches, injector
-        self.consumed = 0
-
-    def __iter__(self) -> Iterator[Any]:
-        while self.consumed < self.micro_batches:
-            if self._injector is not None:
-                self._injector.before_micro_batch(self.index, self.consumed)
-            batch = next(self._batches)
-            self.consumed += 1
-            yield batch
-
-    def weight(self, micro_batch_samples: int) -> float:
-        """Factor for a micro-batch's *mean* loss so the step's gradient is the mean over
-        all of its samples, whatever the micro-batch split. ``samples`` counts all ranks;
-        the factor includes the world size because DDP and FSDP *average* the ranks'
-        gradients."""
-        return micro_batch_samples * self.world_size / self.samples
-
-
 class Run:
     """One training run: its identity, its batch layout, its snapshots.
 
     ``attach``, ``epochs``, ``steps``, ``snapshot``, ``log`` and ``close`` are all a plain
-    loop needs. A loop that burst does not own (Lightning's, Accelerate's: see
+    loop needs; a loop without a DataLoader uses ``batches`` instead of ``steps`` (burst
+    calls its batch function), and ``attach(carry=...)`` holds what a loop carries from
+    step to step (``burst.training.batches``, ``burst.state.carry``). A random draw
+    between two steps is warned about once. A loop that burst does not own (Lightning's, Accelerate's: see
     ``burst.integrations``) hands out the micro-batches itself and drives the run
     through these hooks instead of ``steps``, in this order for each optimizer step:
 
@@ -215,7 +193,7 @@ class Run:
         self.extra: dict[str, Any] = {}
         self.trackers = Trackers()  # experiment trackers that continue the run's curves
         self.step = self.epoch = self.samples_consumed = self.samples_in_epoch = 0
-        self.components = state_mod.Components()
+        self.components = state_mod.Components(loop=LoopState())
         self.restored: state_mod.RestoreReport | None = None
         self._verified_step: int | None = None  # the snapshot whose blobs this rank hashed
         self._tiers = snapshot.Tiers(self.local, self.run_id, keep=keep,
@@ -232,6 +210,7 @@ class Run:
         self._in_step = self._optimizer_stepped = self._in_optimizer_step = False
         self._boundary_rng: dict | None = None
         self._rng_boundary = rng.Boundary()  # cheap per-step captures of the generators
+        self._outside = batches.OutsideDraws()  # draws between steps: said once
         self._boundary_buffers: dict[str, torch.Tensor] = {}  # preallocated copies
         self._live_buffers: list[tuple[str, torch.Tensor]] = []  # what they copy
         self._buffers_moved = True  # a buffer was (re)assigned: find them again
@@ -262,7 +241,8 @@ class Run:
 
     def attach(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None,
                scheduler: Any | None = None, scaler: Any | None = None, *,
-               sampler: ResumableSampler | None = None) -> state_mod.RestoreReport | None:
+               sampler: ResumableSampler | None = None,
+               carry: dict[str, Any] | None = None) -> state_mod.RestoreReport | None:
         """Register what to snapshot and restore the newest complete snapshot, if any.
 
         Everything the snapshot constrains is checked before anything is restored or
@@ -273,8 +253,21 @@ class Run:
         (``steps``/``adopt_sampler``); the ``resume`` event waits until then (or until the
         first step or snapshot of a loop without one), so a refused resume is never in
         the run's history, though the objects passed here have been restored in memory.
+
+        ``carry``: the values the loop carries from step to step (an LSTM's hidden state,
+        an EMA kept outside the model, a curriculum level), kept as ``run.carry``: every
+        snapshot holds what the dict holds at the step boundary, and a resume puts the
+        saved values back into it (``burst.state.carry``). Keep it current:
+        ``run.carry["hidden"] = hidden`` at the end of each step. One process only.
         """
-        self.components = state_mod.Components(unwrap(model), optimizer, scheduler, scaler)
+        loop = self.components.loop or LoopState()
+        if carry is not None:
+            if self.world_size > 1:
+                raise ConfigError("carry= holds one process's values; on several ranks "
+                                  "each rank's would need saving, which burst does not yet")
+            loop.hold(carry)
+        self.components = state_mod.Components(unwrap(model), optimizer, scheduler, scaler,
+                                                loop=loop)
         self._saved_buffer_names = frozenset(self.components.model.state_dict().keys())
         self._buffers_moved = True
         if self._buffer_hook is None:
@@ -294,14 +287,16 @@ class Run:
         if manifest is None:
             if sampler is not None:
                 self.adopt_sampler(sampler)
-            self.record_event("start", **self.layout())
+            self.record_event("start", **self.layout(), **launch.fields())
+            self._outside.mark("attach()")
             return None
         self._check_snapshot(manifest, sampler)  # before any state changes or event
         self.restored = self._restore(manifest)
         self._pending_resume = {"step": self.restored.step, "notes": self.restored.notes,
-                                **self.layout()}
+                                **self.layout(), **launch.fields()}
         if sampler is not None:
             self.adopt_sampler(sampler)  # records the resume
+        self._outside.mark("attach()")
         return self.restored
 
     def _check_snapshot(self, manifest: dict, sampler: ResumableSampler | None) -> None:
@@ -425,19 +420,29 @@ class Run:
             injector = self._injector if self._injector.pending else None  # drills only
             current = Step(self.step + 1, self.epoch, samples, micro_batches, source,
                            injector, self.world_size)
-            try:
-                yield current
-            except GeneratorExit:  # the loop was left with break/return/an exception
-                if current.consumed == micro_batches and self._optimizer_stepped:
-                    self.end_step(samples)
-                else:
-                    self.abandon_step()
-                raise
-            if current.consumed != micro_batches:
-                self.abandon_step()
-                raise ConfigError(f"step {current.index} used {current.consumed} of its "
-                                  f"{micro_batches} micro-batches: iterate the whole step")
-            self.end_step(samples)
+            yield from hand_out(current, lambda n=samples: self.end_step(n), self.abandon_step,
+                                lambda: self._optimizer_stepped)
+
+    def batches(self, source: Callable[..., Any], *, over: Any = None,
+                steps: int | None = None, prefetch: int = 1) -> Iterator[Step]:
+        """Optimizer steps of micro-batches that burst draws from ``source``, for a loop
+        without a DataLoader: ``for step in run.batches(lambda: get_batch("train"),
+        steps=max_iters)``, each ``step`` iterated for its ``accumulation`` micro-batches.
+
+        ``source()`` draws one micro-batch (``run.micro_batch`` samples); its random draws
+        come from a stream of its own, so it never moves the generators the model uses,
+        and the snapshot keeps that stream's place. ``over``: keys to draw in order, one
+        per micro-batch (``source(key)``; the bptt offsets of a token stream): the steps
+        of the current epoch, from the next key not yet consumed. ``steps``: the run's
+        total of optimizer steps (None: no end). ``prefetch``: micro-batches drawn ahead,
+        across step boundaries too; a resumed run draws them again, the same
+        (``burst.training.batches``). One process only."""
+        return batches.steps(self, source, over=over, steps=steps, prefetch=prefetch)
+
+    @property
+    def carry(self) -> dict[str, Any] | None:
+        """The dict given as ``attach(carry=...)``, with a resumed run's values in it."""
+        return self.components.loop.carry if self.components.loop else None
 
     def _check_loader(self, loader: DataLoader) -> ResumableSampler:
         if not isinstance(loader.sampler, ResumableSampler):
@@ -472,6 +477,9 @@ class Run:
     def begin_step(self) -> None:
         """An optimizer step starts: remember the boundary state an OOM falls back to."""
         self._announce_resume()
+        outside = self._outside.check(self.step + 1)  # drawn since the last boundary?
+        if outside is not None:
+            self.record_event(batches.OUTSIDE_EVENT, step=self.step, message=outside)
         if self._step_ended is None:  # the first step's time counts from its start
             self._step_ended = self._adaptive.clock()
         self._mark_boundary()
@@ -487,11 +495,13 @@ class Run:
         optimizer: count it; this may snapshot, and after a signal stops the process."""
         self._in_step = False
         self._complete_step(samples)
+        self._outside.mark(f"step {self.step}")
 
     def abandon_step(self) -> None:
         """The step in progress ends without being counted (it never stepped the
         optimizer); its samples will be drawn again."""
         self._in_step = False
+        self._outside.mark(f"step {self.step}")
 
     def recover(self, exc: BaseException) -> int:
         """After a CUDA OOM or GPU failure (``failure.classify(exc)`` is not None) caught

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -135,17 +136,36 @@ def _age(path: Path, seconds: float) -> None:
     os.utime(path, (then, then))
 
 
-def test_gc_sweeps_the_temporary_a_killed_marker_write_left(tmp_path):
+def test_gc_sweeps_the_temporary_a_killed_write_left_at_once(tmp_path):
     src, dst = LocalStore(tmp_path / "src"), LocalStore(tmp_path / "dst")
     take(src, 1)
     take(dst, 0)  # a snapshot of its own, for GC to keep
-    stale = _killed_during_the_marker_write(src, dst)
-    live = stale.with_name(".000000000002.json.live.tmp")  # a writer at work right now
-    live.write_bytes(b"{}")
-    _age(stale, retention.TEMP_TTL + 60)
+    stale = _killed_during_the_marker_write(src, dst)  # seconds old: its writer is dead
     report = retention.gc(dst, "run", keep_last=1)
-    assert report.temporaries_deleted == 1
-    assert not stale.exists() and live.exists()
+    assert report.temporaries_deleted == 1 and not stale.exists()
+
+
+def test_a_sweep_never_takes_the_temporary_of_a_write_in_progress_however_idle(tmp_path):
+    store = LocalStore(tmp_path)
+    take(store, 0)
+    writing, release = threading.Event(), threading.Event()
+
+    def fill(fd: int) -> None:  # a write stalled mid-way (a slow disk, a paused process)
+        os.pwrite(fd, b"{}", 0)
+        for temporary in (tmp_path / "run" / "uploads").glob(".*.tmp"):
+            _age(temporary, retention.TEMP_TTL + 60)
+        writing.set()
+        release.wait(30)
+
+    writer = threading.Thread(target=store.put_written,
+                              args=("run/uploads/000000000002.json", 2, fill))
+    writer.start()
+    assert writing.wait(30)
+    report = retention.gc(store, "run", keep_last=1)
+    release.set()
+    writer.join(30)
+    assert report.temporaries_deleted == 0
+    assert store.get("run/uploads/000000000002.json") == b"{}"  # the write landed
 
 
 def test_opening_the_upload_queue_sweeps_stale_temporaries(tmp_path):

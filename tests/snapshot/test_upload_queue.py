@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 
@@ -130,6 +131,14 @@ def test_backoff_grows_exponentially_with_full_jitter_and_a_cap():
         waits = [policy.delay(attempt) for _ in range(200)]
         assert all(0 <= w <= ceiling for w in waits)
         assert max(waits) > ceiling * 0.8 and min(waits) < ceiling * 0.2  # jittered
+
+
+def test_a_retry_wait_never_draws_from_the_training_random_generator():
+    """An upload thread's jitter must not shift the stream a snapshot holds."""
+    random.seed(5)
+    before = random.getstate()
+    RetryPolicy().delay(3)
+    assert random.getstate() == before
 
 
 def test_only_transient_errors_are_retried():

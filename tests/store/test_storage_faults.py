@@ -17,13 +17,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+from burst.cli import main as cli_main
+from burst.env import lockfile, wheelhouse
+from burst.env.lockfile import Package
 from burst.errors import BurstError, SnapshotError
 from burst.snapshot import reader, sync
 from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore, open_store
 from burst.store.retry import RetryPolicy
 from burst.store.s3 import S3Store
+from tests.env_helpers import build_wheel, tiny_lockfile
 from tests.fault_proxy import FaultProxy, start
 from tests.store_servers import S3Server, aws_env
 
@@ -259,3 +264,48 @@ def test_disk_full_during_persist_keeps_the_previous_snapshot(tmp_path: Path) ->
         assert "No space left on device" in message and "\n" not in message
         assert assert_only_complete(store) == [1]
         assert not [p for p in root.rglob(".*.tmp")]  # no half-written temporary left
+
+
+# -- the wheelhouse step of burst push ---------------------------------------------------
+
+
+def test_push_rides_out_truncated_reads_and_failed_writes_in_its_wheelhouse_step(
+        proxy, seaweed, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the snapshots, burst push stores the run's wheelhouse: its reads and writes
+    go through the retry policy too, so one truncated body does not fail a complete push."""
+    faults, endpoint = proxy
+    links = tmp_path / "links"
+    build_wheel(links, "burst-fault-dep", "1.0.0", "VALUE = 1\n")
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    monkeypatch.setenv("PIP_FIND_LINKS", str(links))
+    monkeypatch.setenv(wheelhouse.CACHE_ENV, str(tmp_path / "wheel-cache"))
+    monkeypatch.setenv("BURST_ADDRESSING_STYLE", "path")
+    monkeypatch.setenv("BURST_CONFIG", str(tmp_path / "none.toml"))
+    local = local_run(tmp_path / "local", (1,))
+    lockfile.save(local, RUN, tiny_lockfile(Package("burst-fault-dep", "1.0.0")))
+    faults.add("truncate", "GET", r"/env/lockfile\.json$", times=1)
+    faults.add("truncate", "GET", r"list-type=2&prefix=.*env%2Fwheelhouse-", times=1)
+    faults.add("500", "PUT", r"/wheels/", times=2)
+    url = seaweed.url()
+    result = CliRunner().invoke(cli_main, [
+        "push", RUN, "--store", url, "--local", str(local.root), "--endpoint-url", endpoint,
+        "--region", "us-east-1", "--wheels", "no-torch"])
+    assert result.exit_code == 0, result.output
+    assert faults.fired("truncate") == 2 and faults.fired("500") == 2
+    remote = direct(seaweed, url)
+    index = wheelhouse.load_index(remote, RUN, lockfile.load(remote, RUN).digest)
+    assert index is not None and "burst-fault-dep" in {w["name"] for w in index["wheels"]}
+
+
+def test_a_body_cut_short_every_time_is_said_as_a_broken_connection_not_an_unreachable_endpoint(
+        proxy, seaweed, tmp_path: Path) -> None:
+    faults, endpoint = proxy
+    url = seaweed.url()
+    remote = through(endpoint, url)
+    direct(seaweed, url).put(f"{RUN}/env/lockfile.json", os.urandom(4096))
+    faults.add("truncate", "GET", r"/env/lockfile\.json$", times=None)
+    with pytest.raises(BurstError) as caught:
+        sync.copy_extras(remote, LocalStore(tmp_path / "dst"), RUN, FAST)
+    message = str(caught.value)
+    assert "the connection broke while reading" in message and "cannot reach" not in message
+    assert faults.fired("truncate") == FAST.attempts  # retried, then said in one line

@@ -7,8 +7,10 @@ import math
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 import burst
+from burst.cli import main as cli_main
 from burst.env.freeze import FREEZE_ENV
 from burst.resume.status import intervals_line, run_status
 from burst.snapshot import reader
@@ -117,6 +119,21 @@ def test_a_default_run_persists_after_ten_seconds_of_training_and_says_its_inter
     assert chosen["expected_loss_seconds"] >= chosen["persist_seconds"] / 2
     assert "a kill loses" in intervals_line(chosen)
     run.close()
+
+
+def test_status_says_a_run_shorter_than_its_first_persist_persisted_only_at_close(
+        tmp_path, monkeypatch):
+    monkeypatch.setenv(FREEZE_ENV, "0")
+    monkeypatch.setenv("COLUMNS", "400")  # one table row, unwrapped
+    clock = Clock()
+    store = LocalStore(tmp_path / "store")
+    run = burst.Run("short", store=store, global_batch=2, clock=clock)
+    train(run, clock, steps=3, seconds=2.0)  # 6 s of training: under the first persist's 10
+    run.close()
+    assert reader.list_steps(store, "short") == [3]  # close() wrote the only snapshot
+    shown = CliRunner().invoke(cli_main, ["status", "short", "--store", str(store.root)])
+    assert shown.exit_code == 0, shown.output
+    assert "a run shorter than that persists only at close()" in shown.output
 
 
 def test_persist_every_alone_means_no_timed_persists(tmp_path, monkeypatch):
