@@ -28,6 +28,10 @@ DEAD_INDEX = "http://127.0.0.1:9/simple/"
 os.environ.setdefault("PIP_INDEX_URL", DEAD_INDEX)
 os.environ.setdefault("UV_INDEX_URL", DEAD_INDEX)
 os.environ.setdefault("PIP_RETRIES", "0")
+# SkyPilot lives in its own environment (its click pin clashes with transformers):
+# scripts/setup.sh makes .venv-sky; burst finds it here (burst.launch.skyenv).
+if (ROOT / ".venv-sky" / "bin" / "python").exists():
+    os.environ.setdefault("BURST_SKYPILOT_PYTHON", str(ROOT / ".venv-sky" / "bin" / "python"))
 # The planner reads SkyPilot's cached catalogs when a machine has them (~/.sky/catalogs):
 # tests plan against the embedded table, or against a catalog fixture they name.
 os.environ.setdefault("BURST_SKYPILOT_CATALOG", str(ROOT / "tests" / "plan" / "no-catalog"))

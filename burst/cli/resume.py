@@ -250,7 +250,10 @@ def show(prepared: resume.Prepared, launcher: Launcher, console: Console) -> Non
     console.print(table)
     for warning in prepared.warnings:
         console.print(f"[yellow]warning:[/yellow] {escape(warning)}")
-    console.print("[bold]task[/bold] (validated with sky.Task.from_yaml_str):")
+    checked = prepared.task.checked_by
+    console.print("[bold]task[/bold] " + (
+        f"(validated with sky.Task.from_yaml_str, SkyPilot in {escape(checked)}):" if checked
+        else "(not checked: SkyPilot is not installed here):"))
     click.echo(prepared.task.yaml)
     console.print("[bold]commands[/bold]:")
     for line in launcher.describe(prepared.task, sorted(prepared.secrets)):

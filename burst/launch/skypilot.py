@@ -13,11 +13,15 @@ when the run ends (and autodown after the idle time, should burst be gone by the
 cannot be stopped: SkyPilot refuses autostop there (``AUTOSTOP`` is an unsupported feature
 of its Kubernetes cloud, which SSH pools inherit) and would drop those candidates, so a kept
 cluster whose task holds own capacity launches with no idle timer, and gets its autostop
-afterwards (``sky.autostop``) only if it landed on a cloud that can stop.
+afterwards (``sky.autostop``, in the worker) only if it landed on a cloud that can stop.
 
 The managed job's exit code is not the job's own: ``sky.jobs.tail_logs`` returns 0 or 100
 (success or not), so ``burst resume`` reads the job's meaning (86, 87, 88, 0) from the
 nodes' events in the store (:func:`burst.resume.status.job_exit_code`).
+
+SkyPilot may live in its own environment (its pins clash with current transformers):
+the SDK calls are :mod:`burst.launch.skyworker`'s, made in-process where ``sky`` imports
+here and in SkyPilot's interpreter otherwise (:mod:`burst.launch.skyenv`).
 
 Requests are asynchronous in the 0.14 SDK: each call returns a request id and
 ``sky.stream_and_get`` streams its log and returns its result. Secret values are handed to
@@ -33,12 +37,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from burst.errors import BurstError, ConfigError
-from burst.launch import LaunchResult, Reporter
-from burst.launch.task import RenderedTask, validate
+from burst.launch import LaunchResult, Reporter, skyenv, skyworker
+from burst.launch.task import RenderedTask
 
 MODES = ("jobs", "cluster")
 OWN_CAPACITY = ("k8s/", "kubernetes/", "ssh/")  # infra prefixes SkyPilot cannot stop
-CANNOT_STOP = ("kubernetes", "ssh")  # str(cloud) of a launched cluster, lower case
 
 
 @dataclass
@@ -82,79 +85,41 @@ class SkyPilotLauncher:
 
     def launch(self, task: RenderedTask, secrets: Mapping[str, str],
                report: Reporter) -> LaunchResult:
-        sky_task = validate(task.yaml, secrets)
+        sky = skyenv.require()
+        if self.mode == "jobs":
+            request = {"op": "job", "name": task.name}
+        else:
+            request = {"op": "cluster", "cluster": self._cluster(task),
+                       "idle_minutes": self.idle_minutes, "keep": self.keep,
+                       "own_capacity": self._keeps_own_capacity(task)}
+        request.update(yaml=task.yaml, secrets=dict(secrets))
+        if sky.python is not None:  # SkyPilot's own environment, across a process boundary
+            reply = skyenv.call(sky, request, event=report.event, say=report.say,
+                                output=report.output)
+            if "error" in reply:
+                raise BurstError(f"SkyPilot: {reply['error']}")
+            return _result(reply["result"])
         try:
             if self.mode == "jobs":
-                return self._managed_job(sky_task, task, report)
-            return self._on_cluster(sky_task, task, report)
+                return _result(skyworker.managed_job(task.yaml, secrets, task.name,
+                                                     report.event, report.say))
+            return _result(skyworker.on_cluster(
+                task.yaml, secrets, self._cluster(task), self.idle_minutes, self.keep,
+                report.event, report.say, own_capacity=self._keeps_own_capacity(task)))
         except BurstError:
             raise
         except Exception as exc:  # the SDK's own errors: capacity, credentials, API server
-            raise BurstError(f"SkyPilot: {_one_line(exc)}") from None
+            raise BurstError(f"SkyPilot: {skyworker.one_line(exc)}") from None
 
     def _cluster(self, task: RenderedTask) -> str:
         return self.cluster or task.name
 
-    def _managed_job(self, sky_task: Any, task: RenderedTask, report: Reporter
-                     ) -> LaunchResult:
-        import sky
-
-        request = sky.jobs.launch(sky_task, name=task.name)
-        job_ids, _controller = sky.stream_and_get(request)
-        job_id = job_ids[0] if job_ids else None
-        report.event("skypilot-job", name=task.name, job_id=job_id)
-        report.say(f"managed job {task.name} (id {job_id}) launched; following its logs "
-                   "(Ctrl-C stops following, not the job)")
-        code = sky.jobs.tail_logs(job_id=job_id, follow=True)
-        return LaunchResult(int(code or 0), f"skypilot-job:{task.name}:{job_id}",
-                            {"job_id": job_id})
-
     def _keeps_own_capacity(self, task: RenderedTask) -> bool:
-        """A kept cluster that may land on capacity SkyPilot cannot stop."""
+        """A kept cluster that may land on capacity SkyPilot cannot stop: it launches with
+        no idle timer, and the worker sets one only where it landed on a cloud that can."""
         return self.keep and any(str(c.get("infra") or "").lower().startswith(OWN_CAPACITY)
                                  for c in task.candidates)
 
-    def _on_cluster(self, sky_task: Any, task: RenderedTask, report: Reporter) -> LaunchResult:
-        import sky
 
-        cluster = self._cluster(task)
-        own = self._keeps_own_capacity(task)
-        request = sky.launch(sky_task, cluster_name=cluster,
-                             idle_minutes_to_autostop=None if own else self.idle_minutes,
-                             down=not self.keep)
-        job_id, handle = sky.stream_and_get(request)
-        if own:
-            self._autostop_where_it_can(cluster, handle, report)
-        report.event("skypilot-cluster", cluster=cluster, job_id=job_id)
-        report.say(f"cluster {cluster}: job {job_id} running; following its logs")
-        code = sky.tail_logs(cluster, job_id, follow=True)
-        if self.keep:
-            report.say(f"keeping {cluster} (--keep): it stops when idle; sky down {cluster} "
-                       "when done with it")
-        else:
-            report.say(f"tearing down {cluster}")
-            sky.stream_and_get(sky.down(cluster))
-        return LaunchResult(int(code or 0), f"skypilot-cluster:{cluster}",
-                            {"job_id": job_id, "kept": self.keep})
-
-
-    def _autostop_where_it_can(self, cluster: str, handle: Any, report: Reporter) -> None:
-        """After a kept launch with no idle timer: stop when idle where the cluster landed
-        on a cloud that can stop; on own capacity say that it stays up."""
-        import sky
-
-        resources = getattr(handle, "launched_resources", None)
-        cloud = str(getattr(resources, "cloud", "") or "")
-        if not cloud or cloud.lower() in CANNOT_STOP:
-            report.say(f"{cluster} runs on own capacity ({cloud or 'Kubernetes or an SSH pool'}),"
-                       " which SkyPilot cannot stop: no autostop, it stays up until "
-                       f"sky down {cluster}")
-            return
-        sky.stream_and_get(sky.autostop(cluster, self.idle_minutes, down=False))
-        report.say(f"{cluster} landed on {cloud}: it stops after {self.idle_minutes} idle "
-                   "minutes (--keep)")
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text.splitlines()[0]}" if text else type(exc).__name__
+def _result(reply: Mapping[str, Any]) -> LaunchResult:
+    return LaunchResult(int(reply["code"]), str(reply["handle"]), dict(reply["details"]))

@@ -51,6 +51,7 @@ from typing import Any
 import jinja2
 
 from burst.errors import ConfigError
+from burst.launch import skyenv
 from burst.plan.planner import Plan
 from burst.resume.restarts import (
     DEFAULT_MAX_PREEMPTIONS,
@@ -139,6 +140,7 @@ class RenderedTask:
     yaml: str
     config: dict[str, Any]
     secret_names: tuple[str, ...]
+    checked_by: str | None = None  # where SkyPilot's parser ran; None: not installed
 
     @property
     def name(self) -> str:
@@ -296,32 +298,20 @@ def _script_of(command: Sequence[str]) -> list[str]:
 
 
 def parse(text: str) -> RenderedTask:
-    """Check ``text`` with ``sky.Task.from_yaml_str`` (offline) and keep its config."""
+    """Check ``text`` with SkyPilot's own parser (``sky.Task.from_yaml_str``, offline,
+    wherever SkyPilot is installed: :mod:`burst.launch.skyenv`) and keep its config.
+    Without SkyPilot the task is kept unchecked (``checked_by`` None): the local stub and
+    the ``ssh`` launcher run it as it is; the ``skypilot`` launcher needs SkyPilot anyway."""
     import yaml
 
-    task = validate(text)
-    config = yaml.safe_load(text)
-    secrets = tuple((config.get("secrets") or {}).keys())
-    del task
-    return RenderedTask(text, config, secrets)
-
-
-def validate(text: str, secrets: Mapping[str, str] | None = None) -> Any:
-    """The ``sky.Task`` for ``text``; a task SkyPilot rejects is a one-line error.
-
-    ``secrets`` (name -> value) fill the null-valued names at load time, so they become
-    inline secrets for the launch and never appear in the YAML.
-    """
-    try:
-        import sky
-        import yaml
-    except ImportError:
-        raise ConfigError("SkyPilot is not installed: pip install 'burst-failover[cloud]'") from None
+    sky = skyenv.find()
+    if sky is not None:
+        skyenv.validate(text, sky)
     try:
         config = yaml.safe_load(text)
-        if secrets:
-            return sky.Task.from_yaml_config(config, secrets_overrides=list(secrets.items()))
-        return sky.Task.from_yaml_str(text)
-    except Exception as exc:  # SkyPilot raises ValueError, jsonschema errors, YAML errors
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise ConfigError(f"SkyPilot rejects the rendered task: {first}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"the rendered task is not YAML: {str(exc).splitlines()[0]}") from None
+    if not isinstance(config, dict):
+        raise ConfigError("the rendered task is not a YAML mapping")
+    secrets = tuple((config.get("secrets") or {}).keys())
+    return RenderedTask(text, config, secrets, None if sky is None else sky.where)

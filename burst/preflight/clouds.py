@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 
 from burst.preflight.table import FAIL, OK, UNKNOWN, Row
 
@@ -51,14 +50,17 @@ print(json.dumps({"installed": True, "clouds": clouds}))
 
 def clouds_row(*, offline: bool, timeout: float = DEFAULT_TIMEOUT, required: bool = True,
                python: str | None = None) -> Row:
-    """The SkyPilot row; ``python`` is the interpreter SkyPilot is installed in."""
+    """The SkyPilot row; ``python`` is the interpreter SkyPilot is installed in (default:
+    wherever burst finds it, :mod:`burst.launch.skyenv`)."""
+    from burst.launch import skyenv  # here: the launch package renders tasks (jinja2)
+
     mode = "cache" if offline else "live"
-    answer, problem = _ask(python or sys.executable, mode, timeout)
+    answer, problem = _ask(python or skyenv.interpreter(), mode, timeout)
     if answer is None:
         return Row(NAME, UNKNOWN, problem, FIX, required)
     if not answer.get("installed"):
         return Row(NAME, UNKNOWN, "SkyPilot is not installed here",
-                   "pip install 'burst-failover[skypilot]' (or burst with --to ssh://...)",
+                   f"{skyenv.INSTALL} (or burst with --to ssh://...)",
                    required)
     clouds = answer.get("clouds") or []
     if offline:

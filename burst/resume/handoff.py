@@ -44,7 +44,7 @@ from burst.env import codearchive, freeze, interpreter
 from burst.env import wheelhouse as wheels
 from burst.env.lockfile import Lockfile, LockfileError
 from burst.errors import BurstError, ConfigError, SnapshotError
-from burst.launch import Launcher, LaunchResult, Reporter
+from burst.launch import Launcher, LaunchResult, Reporter, skyenv
 from burst.launch.task import (
     CA_BUNDLE_ENV,
     CA_BUNDLE_LIMIT,
@@ -179,6 +179,9 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
                     request.max_preemptions, request.preemption_hours,
                     workdir=travelled.workdir)
     task = render(spec)
+    if task.checked_by is None:
+        say(f"SkyPilot is not installed, so its parser did not check the task (the local "
+            f"stub and ssh run it as it is; for clouds: {skyenv.INSTALL})")
     _check_no_secret(task, secrets)
     return Prepared(request, store, manifest["step"], pushed, environment, command, plans,
                     candidates, task, secrets, warnings)

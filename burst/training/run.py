@@ -65,6 +65,8 @@ from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
 from burst.training.metrics import LiveFigures, MetricBuffer
 from burst.training.sampler import ResumableSampler, derive_seed
 from burst.training.step import Step, hand_out
+from burst.training.trackers import STATE_KEY as TRACKERS_KEY
+from burst.training.trackers import Trackers
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
@@ -104,6 +106,9 @@ class Run:
       optimizer, as at the end of an epoch;
     - ``recover(exc)`` turns a CUDA OOM or GPU failure caught by the framework into the
       emergency snapshot and returns the exit code to leave with.
+
+    ``trackers`` (:mod:`burst.training.trackers`): TensorBoard, W&B and MLflow runs that
+    continue after a resume, their state kept in each snapshot; add them after ``attach``.
 
     ``in_optimizer_step``, ``layout``, ``save_boundary``, ``persist_shadow`` and
     ``record_event`` are what the failure guard asks of a run (``guard.GuardedRun``).
@@ -186,6 +191,7 @@ class Run:
         self._burst_seconds = 0.0  # burst's own work since then (not the step's)
         self._writes_seen = 0
         self.extra: dict[str, Any] = {}
+        self.trackers = Trackers()  # experiment trackers that continue the run's curves
         self.step = self.epoch = self.samples_consumed = self.samples_in_epoch = 0
         self.components = state_mod.Components(loop=LoopState())
         self.restored: state_mod.RestoreReport | None = None
@@ -379,6 +385,7 @@ class Run:
         self.samples_consumed = counters["samples_consumed"]
         self.samples_in_epoch = counters["samples_in_epoch"]
         self.extra = saved.get("extra") or {}
+        self.trackers.restore(self.extra.pop(TRACKERS_KEY, None))
         self._saved_sampler = manifest.get("sampler")
         return state_mod.RestoreReport(self.step, self.epoch, self.samples_consumed,
                                        manifest.get("reason", "unknown"), notes)
@@ -685,6 +692,7 @@ class Run:
             raise
         self._metrics.flush()
         self.record_event("finish", step=self.step)
+        self.trackers.close()
         self._guard.uninstall()
         if self._buffer_hook is not None:
             self._buffer_hook.remove()
@@ -711,7 +719,7 @@ class Run:
         # the freeze (once, and only to persist: a shadow's is named if it is ever persisted)
         started = self._adaptive.clock()
         self._check_buffers()
-        state_tree, live, boxes = dist_state.capture(self.components, self.extra, self._group)
+        state_tree, live, boxes = dist_state.capture(self.components, self._extra(), self._group)
         captured = self._tiers.capture(self.step, state_tree, live, meta, persist=persist,
                                        boxes=boxes)  # on several ranks: this rank's piece
         done = self._adaptive.clock()
@@ -721,13 +729,19 @@ class Run:
             self._adaptive.persisted()
         return captured
 
+    def _extra(self) -> dict[str, Any]:
+        """``extra`` as a snapshot keeps it: with the trackers' state when there are any."""
+        if not self.trackers:
+            return self.extra
+        return {**self.extra, TRACKERS_KEY: self.trackers.state()}
+
     def save_boundary(self, reason: str) -> int | None:
         """Snapshot the live state as it was at the last step boundary (after an OOM);
         return its step. On several ranks the other ranks may be stuck in a collective, so
         no collective capture is possible: every rank keeps its RAM shadow instead."""
         if self.world_size > 1 or self._boundary_rng is None:  # None: no boundary marked
             return self.persist_shadow(reason)
-        tree, live = state_mod.capture(self.components, self.extra, rng_state=self._boundary_rng,
+        tree, live = state_mod.capture(self.components, self._extra(), rng_state=self._boundary_rng,
                                        model_buffers=self._boundary_buffers)
         self._tiers.capture(self.step, tree, live, self._meta(reason), persist=True)
         return self.step

@@ -9,7 +9,6 @@ unknown runs, run ids that try to leave the store, malformed and unreachable sto
 from __future__ import annotations
 
 import ast
-import importlib.util
 import os
 import shutil
 import stat
@@ -24,6 +23,7 @@ from click.testing import CliRunner
 
 from burst.cli import EXIT_INTERNAL, main, options
 from burst.store import retry
+from tests.sky_helpers import run_in_skypilot
 
 UNREACHABLE = "sftp://127.0.0.1:1/nowhere"  # nothing listens on port 1
 STORE = "{store}"  # each case gets a fresh empty store directory
@@ -272,10 +272,9 @@ def test_report_of_a_missing_run_is_an_error_and_writes_nothing(isolated: Path) 
 
 def test_the_infra_check_knows_every_skypilot_cloud() -> None:
     """Read from SkyPilot's source, not imported: importing SkyPilot takes seconds."""
-    spec = importlib.util.find_spec("sky")
-    if spec is None or not spec.submodule_search_locations:
-        pytest.skip("SkyPilot is not installed")
-    source = Path(spec.submodule_search_locations[0], "skylet", "constants.py").read_text()
+    where = run_in_skypilot("import importlib.util\n"
+                            "RESULT = importlib.util.find_spec('sky').submodule_search_locations[0]")
+    source = Path(where, "skylet", "constants.py").read_text()
     clouds = next(ast.literal_eval(node.value) for node in ast.parse(source).body
                   if isinstance(node, ast.Assign)
                   and any(getattr(t, "id", "") == "ALL_CLOUDS" for t in node.targets))

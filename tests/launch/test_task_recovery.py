@@ -10,7 +10,6 @@ so an OOM there would be relaunched on the same card forever. ``max_restarts_on_
 from __future__ import annotations
 
 import pytest
-import sky
 
 from burst.errors import ConfigError
 from burst.launch.task import NodeSoftware, TaskSpec, render, spot_policy
@@ -18,6 +17,7 @@ from burst.plan.cards import builtin
 from burst.plan.planner import Plan, Target
 from burst.plan.regions import place
 from burst.training.failure import EXIT_GPU_FAILURE, EXIT_OOM, EXIT_STOPPED
+from tests.sky_helpers import sky_view
 
 
 def candidate(card: str, infra: str | None, spot: bool) -> Plan:
@@ -36,15 +36,15 @@ SPOT_THEN_ON_DEMAND = [candidate("A100", "aws/us-east-1", True),
 
 
 def test_a_managed_job_recovers_gpu_failures_and_preemption_stops_only_and_carries_bounds():
-    task = sky.Task.from_yaml_str(render(spec(SPOT_THEN_ON_DEMAND)).yaml)
-    for resources in task.resources:
-        assert resources.job_recovery == {"strategy": "EAGER_NEXT_REGION",
-                                          "max_restarts_on_errors": 0,
-                                          "recover_on_exit_codes": [EXIT_GPU_FAILURE,
-                                                                    EXIT_STOPPED]}
-        assert EXIT_OOM not in resources.job_recovery["recover_on_exit_codes"]
-    assert task.envs["BURST_MAX_RESTARTS"] == "4"
-    assert task.envs["BURST_MAX_PREEMPTIONS"] == "50"  # preemptions bounded apart
+    task = sky_view(render(spec(SPOT_THEN_ON_DEMAND)).yaml)
+    for resources in task["resources"]:
+        assert resources["job_recovery"] == {"strategy": "EAGER_NEXT_REGION",
+                                             "max_restarts_on_errors": 0,
+                                             "recover_on_exit_codes": [EXIT_GPU_FAILURE,
+                                                                       EXIT_STOPPED]}
+        assert EXIT_OOM not in resources["job_recovery"]["recover_on_exit_codes"]
+    assert task["envs"]["BURST_MAX_RESTARTS"] == "4"
+    assert task["envs"]["BURST_MAX_PREEMPTIONS"] == "50"  # preemptions bounded apart
 
 
 def test_cluster_mode_refuses_to_render_a_spot_candidate():
@@ -53,9 +53,9 @@ def test_cluster_mode_refuses_to_render_a_spot_candidate():
 
 
 def test_cluster_mode_renders_on_demand_without_recovery_or_bound():
-    task = sky.Task.from_yaml_str(render(spec(SPOT_THEN_ON_DEMAND[1:], managed=False)).yaml)
-    assert all(not r.use_spot and r.job_recovery is None for r in task.resources)
-    assert "BURST_MAX_RESTARTS" not in task.envs
+    task = sky_view(render(spec(SPOT_THEN_ON_DEMAND[1:], managed=False)).yaml)
+    assert all(not r["use_spot"] and r["job_recovery"] is None for r in task["resources"])
+    assert "BURST_MAX_RESTARTS" not in task["envs"]
 
 
 @pytest.mark.parametrize(("asked", "managed", "policy", "said"), [

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import io
-import math
-
 import pytest
 
 from burst.plan import cards as gpus
@@ -12,6 +9,7 @@ from burst.plan import offered, offerings, regions
 from burst.plan.planner import rank
 from tests.plan import skypilot_catalog
 from tests.plan_helpers import facts
+from tests.sky_helpers import run_in_skypilot
 
 CATALOG = gpus.builtin()
 RUN = facts(static_gib=4, slope_gib=0.5, global_batch=64)
@@ -26,23 +24,31 @@ def cached(tmp_path):
     return offerings.load({"SKY_RUNTIME_DIR": str(tmp_path)})
 
 
+_READING = """
+import io, math
+import pandas
+from sky.catalog import common
+RESULT = []
+for cloud, text in PAYLOAD:
+    listed = common.list_accelerators_impl(cloud.upper(), pandas.read_csv(io.StringIO(text)),
+                                           gpus_only=True, name_filter=None,
+                                           region_filter=None, quantity_filter=None,
+                                           all_regions=True)
+    for name, infos in listed.items():
+        for info in infos:
+            RESULT.append([cloud, info.region, name, not math.isnan(info.spot_price)])
+"""
+
+
 def skypilots_reading() -> dict[tuple[str, str, str], bool]:
     """(cloud, region, accelerator) -> spot offered, as SkyPilot's own catalog code reads
     the fixture (``sky.catalog.common.list_accelerators_impl``, the code behind
-    ``sky show-gpus``)."""
-    pandas = pytest.importorskip("pandas")
-    common = pytest.importorskip("sky.catalog.common")
+    ``sky show-gpus``), run in SkyPilot's own environment."""
     found: dict[tuple[str, str, str], bool] = {}
-    for cloud, text in (("aws", skypilot_catalog.AWS), ("gcp", skypilot_catalog.GCP)):
-        listed = common.list_accelerators_impl(cloud.upper(), pandas.read_csv(io.StringIO(text)),
-                                               gpus_only=True, name_filter=None,
-                                               region_filter=None, quantity_filter=None,
-                                               all_regions=True)
-        for name, infos in listed.items():
-            for info in infos:
-                spot = not math.isnan(info.spot_price)
-                found[(cloud, info.region, name)] = found.get((cloud, info.region, name),
-                                                              False) or spot
+    rows = run_in_skypilot(_READING, [["aws", skypilot_catalog.AWS],
+                                      ["gcp", skypilot_catalog.GCP]])
+    for cloud, region, name, spot in rows:
+        found[(cloud, region, name)] = found.get((cloud, region, name), False) or spot
     return found
 
 

@@ -9,6 +9,7 @@ from burst.plan import cards as gpus
 from burst.plan import regions
 from burst.plan.planner import Options, candidates
 from tests.plan_helpers import facts
+from tests.sky_helpers import sky_view
 
 CATALOG = gpus.builtin()
 RUN = facts(static_gib=4, slope_gib=0.5, global_batch=64)
@@ -71,14 +72,13 @@ def test_beijing_clusters_without_a_mirror_image_get_a_warning():
 
 
 def test_a_rendered_task_carries_the_image_and_skypilot_parses_it():
-    sky = pytest.importorskip("sky")
     from burst.launch.task import NodeSoftware, TaskSpec, render
 
     plans = fitting()[:6]
     spec = TaskSpec("run-1", 7, "oom", "burst-run-1", plans, ["python", "train.py"],
                     {"BURST_RUN_ID": "run-1"}, (), NodeSoftware(None, "burst-failover"))
-    task = sky.Task.from_yaml_str(render(spec).yaml)
-    images = [r.image_id for r in task.resources]
+    task = sky_view(render(spec).yaml)
+    images = [r["image_id"] for r in task["resources"]]
     assert len(images) == len(plans)
     for plan, image in zip(plans, images, strict=True):
         if plan.target.place.own_capacity:

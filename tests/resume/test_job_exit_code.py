@@ -3,10 +3,11 @@ events in the store, not with the launcher's status (``sky.jobs.tail_logs``: 0 o
 
 from __future__ import annotations
 
+import importlib.machinery
 import io
 import sys
+import types
 
-import sky
 from rich.console import Console
 
 from burst import events
@@ -19,6 +20,17 @@ from burst.resume.status import job_exit_code, now, where
 from burst.store import open_store
 from tests.plan_helpers import GIB, manifest, put_manifest
 from tests.store_servers import aws_env
+
+
+def fake_sky(tail_logs) -> types.ModuleType:
+    """SkyPilot's SDK as far as a managed-job launch uses it, without a cloud."""
+    sky = types.ModuleType("sky")
+    sky.__spec__ = importlib.machinery.ModuleSpec("sky", None)
+    sky.Task = types.SimpleNamespace(from_yaml_config=lambda *_a, **_k: "task",
+                                     from_yaml_str=lambda *_a, **_k: "task")
+    sky.jobs = types.SimpleNamespace(launch=lambda *_a, **_k: "req", tail_logs=tail_logs)
+    sky.stream_and_get = lambda *_a, **_k: ([42], None)
+    return sky
 
 
 def event(name: str, time: str, **fields) -> dict:
@@ -72,9 +84,8 @@ def test_resume_exits_with_the_jobs_code_where_skypilot_says_100(moto_s3, monkey
         events.append(store, "run", "node-exit", source="node", returncode=86, task_id="sky-1")
         return 100
 
-    monkeypatch.setattr(sky.jobs, "launch", lambda *_a, **_k: "req")
-    monkeypatch.setattr(sky, "stream_and_get", lambda *_a, **_k: ([42], None))
-    monkeypatch.setattr(sky.jobs, "tail_logs", job_runs_and_its_node_reports)
+    monkeypatch.delenv("BURST_SKYPILOT_PYTHON", raising=False)  # the SDK below, in-process
+    monkeypatch.setitem(sys.modules, "sky", fake_sky(job_runs_and_its_node_reports))
     before = now()
     out = io.StringIO()
     assert run_launch(prepared, SkyPilotLauncher(), Console(file=out, width=200)) == 86

@@ -12,7 +12,6 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import sky
 import yaml
 from click.testing import CliRunner
 
@@ -25,6 +24,7 @@ from burst.plan.replan import replan
 from burst.resume.handoff import PER_TIER
 from burst.store import open_store
 from tests.plan_helpers import GIB, manifest, put_manifest
+from tests.sky_helpers import sky_infra, sky_view
 
 CANARY = {"AWS_ACCESS_KEY_ID": "AKIACANARY0000000001",
           "AWS_SECRET_ACCESS_KEY": "canary-secret-value-do-not-leak-1",
@@ -99,22 +99,22 @@ def test_dry_run_renders_the_planners_ordered_candidates(s3_run, cards, region, 
     for value in CANARY.values():
         assert value not in result.output
     text = rendered_yaml(result.output)
-    task = sky.Task.from_yaml_str(text)
+    task = sky_view(text)
     policy = "first" if spot is None else ("only" if spot else "never")
     fits = [p for p in replan(open_store(url), "run", cards=cards, region=region,
                               options=planner.Options(spot=policy),
                               config=load_config(config)).plans if p.fits]
     tiers = [p.target.tier for p in fits]  # the planner's order, each tier capped
     expected = [p for i, p in enumerate(fits) if tiers[:i].count(tiers[i]) < PER_TIER]
-    assert len(task.resources) == len(expected) > 0
-    for got, plan in zip(task.resources, expected, strict=True):
-        assert got.accelerators == {plan.target.card.name: plan.target.count}
-        assert got.use_spot == plan.target.spot
-        want = sky.Resources(infra=plan.target.place.infra) if plan.target.place.infra else None
-        assert got.infra == (want.infra if want else got.infra)
-        if not plan.target.place.infra:
-            assert got.cloud is None
-    spots = [r.use_spot for r in task.resources]
+    assert len(task["resources"]) == len(expected) > 0
+    for got, plan in zip(task["resources"], expected, strict=True):
+        assert got["accelerators"] == {plan.target.card.name: plan.target.count}
+        assert got["use_spot"] == plan.target.spot
+        if plan.target.place.infra:
+            assert got["infra"] == sky_infra(plan.target.place.infra)
+        else:
+            assert got["cloud"] is None
+    spots = [r["use_spot"] for r in task["resources"]]
     public = [p.target.spot for p in expected if not p.target.place.own_capacity]
     assert public == sorted(public, reverse=True), "public spot entries come before on-demand"
     if spot is True:
@@ -153,13 +153,13 @@ def test_multi_node_task_runs_torchrun_from_skypilot_variables(s3_run):
                      "--", "python", "train.py", "--lr", "0.1")
     assert result.exit_code == 0, result.output
     text = rendered_yaml(result.output)
-    task = sky.Task.from_yaml_str(text)
-    assert task.num_nodes == 2
-    assert all(r.accelerators == {"A100": 2} for r in task.resources)
+    task = sky_view(text)
+    assert task["num_nodes"] == 2
+    assert all(r["accelerators"] == {"A100": 2} for r in task["resources"])
     for name in ("SKYPILOT_NUM_NODES", "SKYPILOT_NODE_RANK", "SKYPILOT_NODE_IPS",
                  "SKYPILOT_NUM_GPUS_PER_NODE"):
-        assert name in task.run
-    assert "torch.distributed.run" in task.run and "train.py --lr 0.1" in task.run
+        assert name in task["run"]
+    assert "torch.distributed.run" in task["run"] and "train.py --lr 0.1" in task["run"]
 
 
 def test_forced_micro_batch_and_cluster_mode_falls_back_to_on_demand(s3_run):
@@ -175,8 +175,8 @@ def test_forced_micro_batch_and_cluster_mode_falls_back_to_on_demand(s3_run):
     assert "job_recovery" not in config["resources"] and "BURST_MAX_RESTARTS" not in config["envs"]
     assert config["resources"]["ordered"]
     assert all(r["use_spot"] is False for r in config["resources"]["ordered"])
-    resources = sky.Task.from_yaml_str(text).resources
-    assert all(not r.use_spot and r.job_recovery is None for r in resources)
+    resources = sky_view(text)["resources"]
+    assert all(not r["use_spot"] and r["job_recovery"] is None for r in resources)
     assert "sky launch -c mine" in result.output and "sky down mine" in result.output
 
 
@@ -254,9 +254,9 @@ def test_the_entry_point_becomes_relative_to_the_restored_code(frozen_project):
     result = dry_run("--store", url, "--gpu", "A100", "--", "python",
                      str(root / "scripts" / "train.py"), "--data", str(root / "data.txt"))
     assert result.exit_code == 0, result.output
-    task = sky.Task.from_yaml_str(rendered_yaml(result.output))
-    assert 'cd "$BURST_NODE_DIR/code"/scripts' in task.run
-    assert "node run -- python train.py --data ../data.txt" in task.run
+    task = sky_view(rendered_yaml(result.output))
+    assert 'cd "$BURST_NODE_DIR/code"/scripts' in task["run"]
+    assert "node run -- python train.py --data ../data.txt" in task["run"]
 
 
 def test_the_rendered_task_names_no_path_of_this_machine(frozen_project, lock):
@@ -298,7 +298,7 @@ def test_the_setup_heredoc_writes_the_bootstrap_byte_for_byte(s3_run, tmp_path):
     url, _ = s3_run
     result = dry_run("--store", url, "--gpu", "A100", "--", "python", "train.py")
     assert result.exit_code == 0, result.output
-    setup = sky.Task.from_yaml_str(rendered_yaml(result.output)).setup
+    setup = sky_view(rendered_yaml(result.output))["setup"]
     head = setup.split('burst_retry "$BURST_PY3" "$BURST_NODE_DIR/bootstrap.py"')[0]
     done = subprocess.run(["bash", "-c", head], env={"PATH": "/usr/bin:/bin",
                                                      "BURST_NODE_DIR": str(tmp_path / "n")},

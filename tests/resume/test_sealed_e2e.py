@@ -24,19 +24,18 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from tests.sealed_project import (
     ARGS,
-    PY,
     STORE_NAME,
     assert_resumed_bitwise,
     assert_saw_nothing,
     assert_trained_in_node_venv,
     environment,
+    kill_then_resume,
     make_project,
     sees,
 )
@@ -58,16 +57,8 @@ def resumed(request, tmp_path_factory, moto_s3, sealed_wheel_cache) -> dict:
         env.update({"BURST_STUB_SYSTEM": str(request.getfixturevalue("other_distribution")),
                     "UV_PYTHON_INSTALL_DIR": str(request.getfixturevalue("uv_python_dir"))})
     url = moto_s3.url(STORE_NAME)  # one store: the second run uploads no wheel again
-    killed = subprocess.run([PY, "train.py", "--run-id", run_id, "--store", url, *ARGS],
-                            cwd=project, capture_output=True, text=True, timeout=300,
-                            check=False, env={**env, "BURST_FAULT": "kill@5",
-                                              "BURST_LOCAL": str(project / ".burst")})
-    assert killed.returncode == -9, killed.stderr[-3000:]
-    done = subprocess.run([PY, "-m", "burst.cli", "resume", run_id, "--to", "local", "--store",
-                           url, "--local", str(project / ".burst"), "--", "python",
-                           "train.py", *ARGS, "--seen", *sees(project)],
-                          cwd=project, capture_output=True, text=True, timeout=1800,
-                          check=False, env=env)
+    done = kill_then_resume(project, url, run_id, env, "kill@5", ARGS,
+                            ("--seen", *sees(project)))
     setup = [line for line in done.stderr.splitlines() if "stub: setup on" in line]
     wheels = list(nodes.glob("*/node0/home/burst-node/wheelhouse/*.whl"))
     setup.append(f"wheelhouse: {len(wheels)} wheels, "
