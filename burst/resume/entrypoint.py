@@ -18,7 +18,9 @@ run (it runs the archived copy), so both are refused rather than silently swappe
 
 from __future__ import annotations
 
+import os
 import posixpath
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -29,6 +31,9 @@ from burst.errors import ConfigError
 _VALUE_OPTIONS = {"-W", "-X", "--check-hash-based-pycs"}
 Exists = Callable[[str], bool]  # is this a directory on this machine
 Same = Callable[[str, str], bool]  # is this machine's file the archive's member (bytes)
+NODE_PYTHON = "python"  # what the node runs an interpreter path of this machine as
+_INTERPRETER = re.compile(r"python(\d+(\.\d+)*)?")  # python, python3, python3.11
+_ENVIRONMENT_MARKERS = ("pyvenv.cfg", "conda-meta")  # beside bin/: a venv, a conda env
 
 
 @dataclass(frozen=True)
@@ -38,6 +43,43 @@ class Relocated:
     command: list[str]
     workdir: str = "."
     warnings: list[str] = field(default_factory=list)
+
+
+def is_interpreter(program: str) -> bool:
+    """``program`` (a bare name or a path) names a Python interpreter."""
+    return _INTERPRETER.fullmatch(PurePosixPath(program).name) is not None
+
+
+def in_environment(program: str) -> bool:
+    """``program`` lies in the ``bin`` of a Python environment on this machine."""
+    path = PurePosixPath(program)
+    return path.parent.name == "bin" and any(
+        os.path.exists(os.path.join(str(path.parent.parent), marker))
+        for marker in _ENVIRONMENT_MARKERS)
+
+
+def node_program(command: Sequence[str]) -> list[str]:
+    """``command`` with its program as the node finds it: an interpreter path of this
+    machine becomes ``python``, a program of a local environment's ``bin`` its bare name
+    (see the module's docstring); anything else is kept."""
+    args = list(command)
+    if not args or "/" not in args[0]:
+        return args
+    if is_interpreter(args[0]):
+        args[0] = NODE_PYTHON
+    elif in_environment(args[0]):
+        args[0] = PurePosixPath(args[0]).name
+    return args
+
+
+def on_node(command: Sequence[str], python: str) -> list[str]:
+    """On the node: a leading bare interpreter name (``python``, ``python3.11``) is its
+    ``python``, by path, whatever else its PATH holds (``/usr/bin`` may have no
+    ``python``, or another one)."""
+    args = list(command)
+    if args and "/" not in args[0] and is_interpreter(args[0]):
+        args[0] = python
+    return args
 
 
 def script_index(command: Sequence[str]) -> int | None:
@@ -89,9 +131,11 @@ def find_root(path: str, members: set[str], workdir: str, exists: Exists | None 
 
 def relocate(command: Sequence[str], members: set[str], cwd: object,
              exists: Exists | None = None, same: Same | None = None) -> Relocated:
-    """``command`` with this machine's paths under the archive made relative to
-    ``code/<cwd>``; refuses an entry-point script the archive does not hold."""
+    """``command`` with its program as the node finds it (:func:`node_program`) and this
+    machine's paths under the archive made relative to ``code/<cwd>``; refuses an
+    entry-point script the archive does not hold."""
     workdir = clean_workdir(cwd)
+    command = node_program(command)
     args = list(command)
     script = script_index(args)
     absolute = [a.partition("=")[2] if a.startswith("-") else a for a in args]

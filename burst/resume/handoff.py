@@ -302,7 +302,7 @@ def travel(store: Store, run_id: str, code_ref: dict[str, Any] | None,
     """The command as the node runs it, from ``code/<cwd>`` of the restored archive; the
     archive is fetched (and its hash checked) to know what it holds."""
     if not code_ref:
-        return entrypoint.Relocated(command)
+        return entrypoint.Relocated(entrypoint.node_program(command))
     with tempfile.TemporaryDirectory(prefix="burst-code-") as tmp:
         members = set(codearchive.restore(store, run_id, code_ref, tmp))
 
@@ -409,9 +409,7 @@ def recorded_command(store: Store, request: Request) -> list[str]:
     except ValueError:
         raise ConfigError(f"the run's history names an unreadable command "
                           f"({starts[-1]['command'][:80]!r}): give it after --") from None
-    if command and Path(command[0]).name.startswith("python"):
-        command[0] = "python"  # this machine's interpreter path means nothing on the node
-    return command
+    return command  # its interpreter becomes the node's in travel()
 
 
 # -- step 4: the candidates -----------------------------------------------------------------

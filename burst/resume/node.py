@@ -29,7 +29,7 @@ from burst.env.lockfile import LockfileError
 from burst.errors import BurstError, ConfigError
 from burst.plan import planner
 from burst.plan.replan import replan
-from burst.resume import restarts
+from burst.resume import entrypoint, restarts
 from burst.resume import status as run_status
 from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
@@ -285,7 +285,8 @@ def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | No
             preemptions=None if start is None else start.preemptions, **_where())
     env = {**plan.env, "BURST_LOCAL": str(local_dir), "PATH": _path_with(interpreter),
            "BURST_RUN_ID": run_id, "BURST_STORE": store_url}
-    agent = Agent(list(command), run_id=run_id, store=local, store_url=store_url,
+    agent = Agent(entrypoint.on_node(command, interpreter), run_id=run_id, store=local,
+                  store_url=store_url,
                   policy=Policy(on_oom="retry-smaller", on_gpu_failure="stop", on_killed="stop"),
                   env=env, say=lambda msg: say(f"agent: {msg}"))
     outcome = agent.run()

@@ -5,9 +5,9 @@ event), but a run started as plain ``python train.py`` had nothing to say what t
 should run, so ``burst resume`` asked for it after ``--``. The run records its own command
 line instead, in its ``start`` and ``resume`` events: the interpreter's ``sys.orig_argv``
 (options such as ``-u`` or ``-m module`` included) behind ``sys.executable``. The
-interpreter's path means nothing on the node; ``burst resume`` turns it into ``python``
-(``burst.resume.handoff.recorded_command``) and the paths under the code archive into
-the archive's (``burst.resume.entrypoint``).
+interpreter's path means nothing on the node; ``burst resume`` turns it into the node's
+interpreter and the paths under the code archive into the archive's
+(``burst.resume.entrypoint``).
 
 Nothing is recorded where re-running the command line would not re-run the training: an
 interactive interpreter, ``python -c``, a script read from standard input, a notebook's
