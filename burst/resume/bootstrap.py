@@ -365,6 +365,8 @@ class S3Source:
         self.credentials = credentials  # (key, secret, token) or None: unsigned
         self.context = ssl.create_default_context(cafile=ca_bundle) if ca_bundle else None
         self.where = f"{bucket}/{self.prefix} at {self.endpoint}"
+        self.regional = False  # True: the endpoint is AWS's for self.region (it moves with it)
+        self.moved = False  # the region was corrected once, from an answer that named it
 
     def url(self, key: str) -> str:
         full = f"{self.prefix}/{key}" if self.prefix else key
@@ -377,7 +379,7 @@ class S3Source:
         return f"{self.endpoint}/{urllib.parse.quote(self.bucket, safe='-_.~')}/{path}"
 
     def fetch(self, key: str, out) -> None:
-        url = self.url(key)
+        url, signed_for = self.url(key), self.region
         headers = {}
         if self.credentials:
             access, secret, token = self.credentials
@@ -388,6 +390,9 @@ class S3Source:
                 shutil.copyfileobj(response, out, CHUNK)
         except urllib.error.HTTPError as error:
             body = error.read(4096).decode("utf-8", "replace")
+            if self.move_to(region_named(error.code, error.headers, body), signed_for):
+                self.fetch(key, out)
+                return
             code = re.search(r"<Code>([^<]+)</Code>", body)
             what = code.group(1) if code else error.reason
             if error.code == 404 or what in ("NoSuchKey", "NoSuchBucket"):
@@ -395,6 +400,36 @@ class S3Source:
             hint = ": check the store's credentials (task secrets)" if error.code == 403 else ""
             raise BootstrapError(f"{self.where} answered {error.code} {what} for {key}{hint}"
                                  ) from None
+
+    def move_to(self, region: str | None, signed_for: str) -> bool:
+        """Sign for ``region`` from now on: the bucket lives there (an answer to a request
+        signed for ``signed_for`` named it), as boto3 does on the laptop. Once per source
+        (a second region named is an error, not a move); False: nothing to retry."""
+        if not region or region == signed_for or (self.moved and region != self.region):
+            return False
+        if self.moved:  # another request moved it already
+            return True
+        say(f"the bucket {self.bucket} is in {region}, not {self.region}: signing for {region}")
+        self.region, self.moved = region, True
+        if self.regional:
+            self.endpoint = f"https://s3.{region}.amazonaws.com"
+            self.where = f"{self.bucket}/{self.prefix} at {self.endpoint}"
+        return True
+
+
+def region_named(status: int, headers, body: str) -> str | None:
+    """The bucket's region an S3 error names: 400 ``AuthorizationHeaderMalformed`` (the
+    request was signed for another region) or 301 ``PermanentRedirect``, in the
+    ``x-amz-bucket-region`` header or the body's ``<Region>``; None for any other error."""
+    if status not in (301, 400):
+        return None
+    code = re.search(r"<Code>([^<]+)</Code>", body)
+    if status == 400 and (code is None or code.group(1) != "AuthorizationHeaderMalformed"):
+        return None
+    named = (headers.get("x-amz-bucket-region") if headers is not None else None) or ""
+    found = re.search(r"<Region>([a-z0-9-]+)</Region>", body)
+    named = named.strip() or (found.group(1) if found else "")
+    return named if re.match(r"^[a-z]{2}(-[a-z0-9]+)+$", named) else None
 
 
 def _dns_bucket(bucket: str) -> bool:
@@ -437,6 +472,7 @@ def s3_source(url: str, environ: dict) -> S3Source:
         if environ.get("OSS_ACCESS_KEY_ID") and environ.get("OSS_ACCESS_KEY_SECRET"):
             keys = ("OSS_ACCESS_KEY_ID", "OSS_ACCESS_KEY_SECRET", "OSS_SESSION_TOKEN")
     region = region or "us-east-1"
+    regional = not endpoint
     if not endpoint:
         endpoint = f"https://s3.{region}.amazonaws.com"
     host = urllib.parse.urlsplit(endpoint).hostname or ""
@@ -446,8 +482,131 @@ def s3_source(url: str, environ: dict) -> S3Source:
         style = "bucket"
     access, secret = environ.get(keys[0]), environ.get(keys[1])
     credentials = (access, secret, environ.get(keys[2]) or None) if access and secret else None
-    return S3Source(bucket, prefix, endpoint, region, style, credentials,
-                    first(environ, "BURST_CA_BUNDLE", "AWS_CA_BUNDLE") or None)
+    if credentials is None and (environ.get(IDENTITY_ENV) or "").strip().lower() == "own":
+        credentials = own_credentials(scheme, environ)
+    source = S3Source(bucket, prefix, endpoint, region, style, credentials,
+                      first(environ, "BURST_CA_BUNDLE", "AWS_CA_BUNDLE") or None)
+    source.regional = regional
+    return source
+
+
+# -- the node's own identity ------------------------------------------------------------------
+# node_identity = "own": the task carries no keys; the node's role hands out short-lived
+# ones. boto3 (burst node setup, the run) reads AWS's instance metadata and web-identity
+# token itself, and burst.store.ramrole reads Alibaba's; this file has only urllib.
+
+
+def own_credentials(scheme: str, environ: dict) -> tuple:
+    """(key, secret, token) of the node's own role: a web-identity token file (EKS, an
+    OIDC-federated pod) through STS, else the instance role from the metadata service
+    (Alibaba ECS for oss://, AWS IMDSv2 otherwise). One line when there is none."""
+    if scheme == "oss":
+        return metadata_role(ALIBABA_ROLE, environ)
+    if environ.get("AWS_WEB_IDENTITY_TOKEN_FILE") and environ.get("AWS_ROLE_ARN"):
+        return web_identity(environ)
+    return metadata_role(AWS_ROLE, environ)
+
+
+# (name, metadata base URL, token PUT header, token header, role listing, key fields)
+AWS_ROLE = ("AWS instance metadata", "http://169.254.169.254",
+            "X-aws-ec2-metadata-token-ttl-seconds", "X-aws-ec2-metadata-token",
+            "/latest/meta-data/iam/security-credentials/",
+            ("AccessKeyId", "SecretAccessKey", "Token"))
+ALIBABA_ROLE = ("Alibaba ECS metadata", "http://100.100.100.200",
+                "X-aliyun-ecs-metadata-token-ttl-seconds", "X-aliyun-ecs-metadata-token",
+                "/latest/meta-data/ram/security-credentials/",
+                ("AccessKeyId", "AccessKeySecret", "SecurityToken"))
+IDENTITY_ENV = "BURST_NODE_IDENTITY"  # burst.store.settings.OPTIONS["node_identity"]
+METADATA_URL_ENV = "BURST_METADATA_URL"  # burst.supervise.preemption.ENV_METADATA_URL
+ALIBABA_ROLE_ENV = "ALIBABA_CLOUD_ECS_METADATA"  # the role's name, as Alibaba's SDKs read it
+STS_ENDPOINT_ENV = "AWS_ENDPOINT_URL_STS"  # as boto3 reads it
+
+
+def _metadata(method: str, url: str, headers: dict, timeout: float = 2.0) -> str:
+    """One metadata request, never through a proxy (the service is link-local)."""
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, headers=headers, method=method)
+    with opener.open(request, timeout=timeout) as response:
+        return response.read(65536).decode("utf-8", "replace")
+
+
+def metadata_role(cloud: tuple, environ: dict) -> tuple:
+    """The instance role's credentials from the metadata service, hardened mode first
+    (a session token from ``PUT /latest/api/token``: IMDSv2, ECS's hardened mode); a
+    service that refuses the PUT is asked without one."""
+    name, default, ttl_header, token_header, listing, fields = cloud
+    base = (environ.get(METADATA_URL_ENV) or default).rstrip("/")
+    headers = {}
+    try:
+        token = _session_token(f"{base}/latest/api/token", ttl_header)
+        if token:
+            headers[token_header] = token
+        role = (environ.get(ALIBABA_ROLE_ENV) if cloud is ALIBABA_ROLE else "") or \
+            _metadata("GET", base + listing, headers).split()[0]
+        answer = json.loads(_metadata("GET", base + listing + urllib.parse.quote(role), headers))
+    except urllib.error.HTTPError as error:
+        raise BootstrapError(f"node_identity is \"own\" but {name} ({base}) gives this node "
+                             f"no role credentials ({error.code}): attach a role to the "
+                             "instance, or forward keys (node_identity = \"forward\")", 2
+                             ) from None
+    except (OSError, ValueError, IndexError) as error:
+        reason = getattr(error, "reason", None) or error or "no role"
+        raise BootstrapError(f"node_identity is \"own\" but {name} ({base}) did not answer "
+                             f"with role credentials ({reason}): is this node on that cloud, "
+                             "with a role attached?", 2) from None
+    return _role_keys(answer, fields, name)
+
+
+def _session_token(url: str, ttl_header: str) -> str:
+    """The hardened mode's session token; empty where the service has no such mode."""
+    try:
+        return _metadata("PUT", url, {ttl_header: "21600"}).strip()
+    except urllib.error.HTTPError:
+        return ""
+
+
+def _role_keys(answer, fields: tuple, name: str) -> tuple:
+    keys = tuple(str(answer.get(f) or "") if isinstance(answer, dict) else "" for f in fields)
+    if not all(keys):
+        raise BootstrapError(f"{name}'s role credentials lack {', '.join(fields)}", 2)
+    say(f"signing with the node's own role credentials ({name}, key {keys[0][:4]}...)")
+    return keys
+
+
+def web_identity(environ: dict) -> tuple:
+    """STS ``AssumeRoleWithWebIdentity`` with the token file's token: an unsigned call
+    (the token is the proof), the same one boto3 makes on the node later."""
+    region = first(environ, "AWS_REGION", "AWS_DEFAULT_REGION")
+    endpoint = environ.get(STS_ENDPOINT_ENV) or (
+        f"https://sts.{region}.amazonaws.com" if region else "https://sts.amazonaws.com")
+    try:
+        with open(environ["AWS_WEB_IDENTITY_TOKEN_FILE"], encoding="utf-8") as f:
+            token = f.read().strip()
+    except OSError as error:
+        raise BootstrapError(f"cannot read the web identity token "
+                             f"{environ['AWS_WEB_IDENTITY_TOKEN_FILE']}: {error}", 2) from None
+    query = urllib.parse.urlencode({
+        "Action": "AssumeRoleWithWebIdentity", "Version": "2011-06-15",
+        "RoleArn": environ["AWS_ROLE_ARN"], "WebIdentityToken": token,
+        "RoleSessionName": environ.get("AWS_ROLE_SESSION_NAME") or "burst-node"})
+    request = urllib.request.Request(endpoint.rstrip("/") + "/", data=query.encode(),
+                                     headers={"Accept": "application/json"}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            text = response.read(65536).decode("utf-8", "replace")
+    except urllib.error.HTTPError as error:
+        found = re.search(r"<Message>([^<]+)</Message>", error.read(4096).decode("utf-8",
+                                                                                 "replace"))
+        raise BootstrapError(f"STS at {endpoint} refused the web identity token for "
+                             f"{environ['AWS_ROLE_ARN']} ({error.code}"
+                             f"{': ' + found.group(1) if found else ''})", 2) from None
+    except OSError as error:
+        raise BootstrapError(f"STS at {endpoint} did not answer: "
+                             f"{getattr(error, 'reason', None) or error}") from None
+    values = {k: re.search(f"<{k}>([^<]+)</{k}>", text) for k in
+              ("AccessKeyId", "SecretAccessKey", "SessionToken")}
+    answer = {k: v.group(1) for k, v in values.items() if v}
+    return _role_keys(answer, ("AccessKeyId", "SecretAccessKey", "SessionToken"), "STS")
 
 
 class SFTPSource:
