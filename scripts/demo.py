@@ -7,10 +7,12 @@ Three runs of ``example_address.py`` go into one local store:
    micro-batch and twice the accumulation: every optimizer step sees the same samples,
    but dropout draws and float sums split differently, so it ends close, not bitwise;
 3. ``oom-kept``: the same OOM under ``burst run --on-oom stop``, then resumed with the
-   layout kept (through ``burst resume --to local`` when it can, else ``burst run``):
-   bit-identical to the reference.
+   layout kept by ``burst resume --to local`` (the local launcher runs the task on a node
+   of its own): bit-identical to the reference.
 
 Then ``burst report`` draws the second run's history. ``--json`` prints the checks.
+Every step must do what it is there for: one that does not stops the demo with a non-zero
+exit naming it. Nothing falls back to another path: a broken resume is a failed demo.
 """
 
 from __future__ import annotations
@@ -30,9 +32,18 @@ from rich.table import Table
 from burst import events
 from burst.snapshot import reader as snapshot
 from burst.store import LocalStore
+from burst.training.failure import EXIT_OOM
 
 EXAMPLE = Path(__file__).with_name("example_address.py")
 BURST = [sys.executable, "-m", "burst.cli"]
+
+
+class StepFailed(Exception):
+    """A step of the demo did not end as it must: the demo stops there."""
+
+    def __init__(self, step: str, code: int, expected: int, output: str) -> None:
+        super().__init__(f"step {step} failed: exit {code}, expected {expected}")
+        self.step, self.code, self.output = step, code, output
 
 
 class Demo:
@@ -54,7 +65,9 @@ class Demo:
         merged = {json.dumps(e, sort_keys=True): e for s in stores for e in events.read(s, run_id)}
         return sorted(merged.values(), key=lambda e: e["time"])
 
-    def sh(self, cmd: list[str], env: dict[str, str] | None = None) -> int:
+    def sh(self, step: str, cmd: list[str], env: dict[str, str] | None = None,
+           expect: int = 0) -> None:
+        """Run one step's command; an exit other than ``expect`` stops the demo."""
         shown = " ".join(c if c != sys.executable else "python" for c in cmd)
         self.console.print(f"[dim]$ {shown}[/dim]")
         done = subprocess.run(cmd, env={**os.environ, **(env or {})}, check=False,
@@ -62,21 +75,22 @@ class Demo:
         for line in done.stdout.splitlines():
             if line.startswith(("burst:", "test accuracy", "resumed", "fault")):
                 self.console.print(f"  {line}", markup=False, highlight=False)
-        return done.returncode
+        if done.returncode != expect:
+            raise StepFailed(step, done.returncode, expect, done.stdout)
 
     def run_all(self) -> None:
         self.console.rule("1. reference: trained without interruption")
-        self.sh(self.train("reference"))
+        self.sh("1 (reference run)", self.train("reference"))
         self.console.rule(f"2. burst drill --fault {self.fault}: OOM, retried smaller")
-        self.sh([*BURST, "drill", "--fault", self.fault, "--run-id", "oom-retry", "--store",
-                 str(self.store), "--", *self.train("oom-retry")])
+        self.sh("2 (burst drill)", [*BURST, "drill", "--fault", self.fault, "--run-id",
+                                    "oom-retry", "--store", str(self.store), "--",
+                                    *self.train("oom-retry")])
         self.console.rule("3. the same OOM, stopped, then resumed with the layout kept")
-        self.sh([*BURST, "run", "--on-oom", "stop", "--run-id", "oom-kept", "--store",
-                 str(self.store), "--", *self.train("oom-kept")], {"BURST_FAULT": self.fault})
-        if self.sh(self.resume_local("oom-kept")) != 0:
-            self.console.print("  (the local launcher did not finish; resuming with burst run)")
-            self.sh([*BURST, "run", "--run-id", "oom-kept", "--store", str(self.store), "--",
-                     *self.train("oom-kept")])
+        self.sh("3 (burst run --on-oom stop)",
+                [*BURST, "run", "--on-oom", "stop", "--run-id", "oom-kept", "--store",
+                 str(self.store), "--", *self.train("oom-kept")], {"BURST_FAULT": self.fault},
+                expect=EXIT_OOM)
+        self.sh("3 (burst resume --to local)", self.resume_local("oom-kept"))
 
     def resume_local(self, run_id: str) -> list[str]:
         return [*BURST, "resume", run_id, "--to", "local", "--offline", "--store",
@@ -143,21 +157,30 @@ def main() -> int:
     console = Console(stderr=args.json)
     quick = ["--pairs", "768", "--epochs", "2"] if args.quick else []
     demo = Demo(workdir, args.fault_step // (2 if args.quick else 1), console, quick)
-    demo.run_all()
-    rows = demo.summary()
-    show(rows, console)
-    report = subprocess.run([*BURST, "report", "oom-retry", "--store", str(demo.store),
-                             "--out", str(workdir / "report")], capture_output=True, text=True,
-                            check=False)
-    console.print(report.stdout.strip() or report.stderr.strip())
+    try:
+        demo.run_all()
+        rows = demo.summary()
+        show(rows, console)
+        demo.sh("4 (burst report)", [*BURST, "report", "oom-retry", "--store",
+                                     str(demo.store), "--out", str(workdir / "report")])
+    except StepFailed as failed:
+        tail = "\n".join(failed.output.strip().splitlines()[-30:])
+        print(f"{tail}\ndemo: {failed} (workdir {workdir})", file=sys.stderr)
+        return 1
+    console.print(f"report: {workdir / 'report' / 'index.html'}")
     if args.json:
         print(json.dumps({"workdir": str(workdir), "runs": rows}, indent=1))
     reference, retried, kept = rows
     # re-planned (micro-batch 16): same samples per step, other dropout draws and float
     # rounding, so close but not bitwise; layout kept: bit-identical
-    ok = (kept["identical"] and retried["failure"] == "oom"
-          and retried["steps"] == reference["steps"] and kept["steps"] == reference["steps"])
-    return 0 if ok else 1
+    checks = {"oom-retry failed with an OOM": retried["failure"] == "oom",
+              "oom-retry trained every step": retried["steps"] == reference["steps"],
+              "oom-kept trained every step": kept["steps"] == reference["steps"],
+              "oom-kept is bit-identical to the reference": kept["identical"]}
+    failed = [what for what, held in checks.items() if not held]
+    for what in failed:
+        print(f"demo: check failed: {what}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
