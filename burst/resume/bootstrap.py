@@ -590,7 +590,7 @@ def web_identity(environ: dict) -> tuple:
         "RoleArn": environ["AWS_ROLE_ARN"], "WebIdentityToken": token,
         "RoleSessionName": environ.get("AWS_ROLE_SESSION_NAME") or "burst-node"})
     request = urllib.request.Request(endpoint.rstrip("/") + "/", data=query.encode(),
-                                     headers={"Accept": "application/json"}, method="POST")
+                                     method="POST")  # answered in XML
     try:
         with urllib.request.urlopen(request, timeout=30) as response:
             text = response.read(65536).decode("utf-8", "replace")

@@ -55,7 +55,7 @@ from burst.launch.task import (
 )
 from burst.plan import planner
 from burst.plan.replan import Replan, replan
-from burst.resume import entrypoint, mirrors, reach, restarts
+from burst.resume import bucket_region, entrypoint, mirrors, reach, restarts
 from burst.resume import status as run_status
 from burst.resume.node import PLAN_AMP_ENV, PLAN_MARGIN_ENV, PLAN_MICRO_ENV
 from burst.snapshot import reader as snapshot
@@ -160,6 +160,7 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
                    skypilot=request.skypilot_catalog)
     candidates = fitting(plans, request.micro_batch)
     envs = task_envs(request, lock, warnings)
+    warnings += bucket_region.forward(store, envs)  # the node signs for the bucket's own
     mirror_envs, mirror_secrets = ({}, {}) if request.software.python is not None \
         else mirrors.forwarded()
     mirror_envs.update(interpreter.forwarded() if request.software.python is None else {})

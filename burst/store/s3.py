@@ -127,6 +127,33 @@ def make_client(options: dict[str, Any], *, addressing_style: str = "auto",
     return client
 
 
+def bucket_region(store: S3Store) -> str | None:
+    """The region the store's bucket lives in, as S3 says it: HeadBucket's
+    ``x-amz-bucket-region`` header (AWS sends it even when refusing a request signed for
+    another region), else GetBucketLocation. boto3 follows a bucket's region here on its
+    own; a node's bootstrap signs for the region it is given, so ``burst resume`` asks.
+    None when the endpoint does not say (most S3-compatible servers) or cannot be asked."""
+    try:
+        response = store.client.head_bucket(Bucket=store.bucket)
+    except bexc.ClientError as exc:
+        response = exc.response
+    except bexc.BotoCoreError:
+        return None
+    region = response.get("ResponseMetadata", {}).get("HTTPHeaders", {}).get(
+        "x-amz-bucket-region")
+    if region:
+        return str(region)
+    try:
+        location = store.client.get_bucket_location(Bucket=store.bucket).get(
+            "LocationConstraint")
+    except (bexc.ClientError, bexc.BotoCoreError):
+        return None
+    if location == "EU":  # the legacy name of eu-west-1
+        return "eu-west-1"
+    return str(location) if location else ("us-east-1" if is_aws_endpoint(store.endpoint)
+                                            else None)
+
+
 class _BucketPathCut:
     """Drop ``/<bucket>`` from a path-style URL before it is signed, so the request (and
     its SigV4 signature) names ``<endpoint>/<key>``: what a bucket-bound domain serves."""

@@ -1,0 +1,121 @@
+"""A node's own identity on 127.0.0.1: the metadata services and STS that hand a node its
+role's temporary credentials, as the clouds answer them.
+
+- AWS IMDSv2: ``PUT /latest/api/token`` (with the TTL header) first; every read needs that
+  token; ``/latest/meta-data/iam/security-credentials/`` lists the role, ``.../<role>``
+  holds ``AccessKeyId``, ``SecretAccessKey``, ``Token``.
+- Alibaba ECS (hardened mode): the same token dance with ``X-aliyun-ecs-metadata-*``,
+  ``/latest/meta-data/ram/security-credentials/<role>`` holds ``AccessKeyId``,
+  ``AccessKeySecret``, ``SecurityToken``.
+- STS ``AssumeRoleWithWebIdentity`` (a form POST to ``/``): answers only the expected web
+  identity token for the expected role.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
+
+ROLE = "burst-node-role"
+ROLE_ARN = "arn:aws:iam::123456789012:role/burst-node-role"
+WEB_TOKEN = "eyJ-a-web-identity-token"
+
+
+@dataclass
+class RoleMetadata:
+    access_key: str
+    secret_key: str
+    session_token: str
+    asked: list[str] = field(default_factory=list)  # "METHOD path" of every request
+    _server: ThreadingHTTPServer | None = None
+    _aws_token: str = "imds-session-token"
+    _ecs_token: str = "ecs-session-token"
+
+    @property
+    def url(self) -> str:
+        assert self._server is not None
+        return f"http://127.0.0.1:{self._server.server_address[1]}"
+
+    def __enter__(self) -> RoleMetadata:
+        fake = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def _any(self) -> None:
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length).decode() if length else ""
+                status, text = fake.answer(self.command, self.path, self.headers, body)
+                data = text.encode()
+                self.send_response(status)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            do_GET = do_PUT = do_POST = _any
+
+            def log_message(self, *_: object) -> None:
+                pass
+
+        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._server.daemon_threads = True
+        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        assert self._server is not None
+        self._server.shutdown()
+        self._server.server_close()
+
+    def answer(self, method: str, path: str, headers, body: str) -> tuple[int, str]:
+        self.asked.append(f"{method} {path}")
+        if method == "POST" and path == "/":
+            return self._sts(parse_qs(body))
+        if method == "PUT" and path == "/latest/api/token":
+            if headers.get("X-aws-ec2-metadata-token-ttl-seconds"):
+                return 200, self._aws_token
+            if headers.get("X-aliyun-ecs-metadata-token-ttl-seconds"):
+                return 200, self._ecs_token
+            return 400, ""
+        aws = "/latest/meta-data/iam/security-credentials/"
+        ecs = "/latest/meta-data/ram/security-credentials/"
+        if path.startswith(aws):
+            if headers.get("X-aws-ec2-metadata-token") != self._aws_token:
+                return 401, ""  # IMDSv2 only: no token, no answer
+            return self._role(path[len(aws):], {
+                "Code": "Success", "Type": "AWS-HMAC", "AccessKeyId": self.access_key,
+                "SecretAccessKey": self.secret_key, "Token": self.session_token,
+                "Expiration": "2099-01-01T00:00:00Z"})
+        if path.startswith(ecs):
+            if headers.get("X-aliyun-ecs-metadata-token") != self._ecs_token:
+                return 403, ""
+            return self._role(path[len(ecs):], {
+                "Code": "Success", "AccessKeyId": self.access_key,
+                "AccessKeySecret": self.secret_key, "SecurityToken": self.session_token,
+                "Expiration": "2099-01-01T00:00:00Z", "LastUpdated": "2026-12-07T00:00:00Z"})
+        return 404, ""
+
+    @staticmethod
+    def _role(rest: str, credentials: dict) -> tuple[int, str]:
+        if rest == "":
+            return 200, ROLE
+        if rest == ROLE:
+            return 200, json.dumps(credentials)
+        return 404, ""
+
+    def _sts(self, form: dict[str, list[str]]) -> tuple[int, str]:
+        def one(name: str) -> str:
+            return (form.get(name) or [""])[0]
+
+        if one("Action") != "AssumeRoleWithWebIdentity" or one("RoleArn") != ROLE_ARN or \
+                one("WebIdentityToken") != WEB_TOKEN:
+            return 403, ("<ErrorResponse><Error><Code>AccessDenied</Code><Message>Not "
+                         "authorized to perform sts:AssumeRoleWithWebIdentity</Message>"
+                         "</Error></ErrorResponse>")
+        return 200, ("<AssumeRoleWithWebIdentityResponse><AssumeRoleWithWebIdentityResult>"
+                     f"<Credentials><AccessKeyId>{self.access_key}</AccessKeyId>"
+                     f"<SecretAccessKey>{self.secret_key}</SecretAccessKey>"
+                     f"<SessionToken>{self.session_token}</SessionToken>"
+                     "<Expiration>2099-01-01T00:00:00Z</Expiration></Credentials>"
+                     "</AssumeRoleWithWebIdentityResult></AssumeRoleWithWebIdentityResponse>")
