@@ -142,6 +142,15 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
         if not request.dry_run:
             raise ConfigError(unreachable)
         warnings.append(unreachable)
+    if request.software.python is None and urlparse(store.url).scheme == "gs":
+        unreadable = (f"the store {store.url} is gs://, which the node's bootstrap cannot read "
+                      "(it reads s3://, oss://, sftp://): use the bucket through GCS's "
+                      "S3-compatible API (s3://BUCKET, endpoint_url = "
+                      "https://storage.googleapis.com, HMAC keys as AWS_ACCESS_KEY_ID/"
+                      "AWS_SECRET_ACCESS_KEY), or a node with burst installed (--node-python)")
+        if not request.dry_run:
+            raise ConfigError(unreadable)
+        warnings.append(unreadable)
     secrets, secret_warnings = secret_values(request)  # before anything changes
     warnings += secret_warnings
     pushed = None if request.dry_run else push_newer_local(store, request, say)
