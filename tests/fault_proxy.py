@@ -57,6 +57,8 @@ class FaultProxy:
     ca_bundle: str | None
     rules: list[Rule] = field(default_factory=list)
     log: list[tuple[str, str, str]] = field(default_factory=list)  # method, path, fault
+    # method, path, the request's Range header (None: none), body bytes sent back
+    served: list[tuple[str, str, str | None, int]] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, kind: str, method: str = ".*", path: str = ".*",
@@ -83,6 +85,10 @@ class FaultProxy:
                     return rule.kind
             self.log.append((method, path, "-"))
         return None
+
+    def record(self, method: str, path: str, ranged: str | None, sent: int) -> None:
+        with self._lock:
+            self.served.append((method, path, ranged, sent))
 
     def connection(self) -> http.client.HTTPConnection:
         target = urlparse(self.upstream)
@@ -143,11 +149,14 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
+        ranged = self.headers.get("Range")
         if fault in ("reset-response", "truncate") and len(payload) > 1:
             self.wfile.write(payload[: len(payload) // 2])
             self.wfile.flush()
+            self.config.record(self.command, self.path, ranged, len(payload) // 2)
             return self._reset() if fault == "reset-response" else self._close()
         self._write(payload, slow=fault == "slow")
+        self.config.record(self.command, self.path, ranged, len(payload))
         return None
 
     def _read_body(self, length: int, slow: bool) -> bytes:

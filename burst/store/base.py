@@ -8,13 +8,21 @@ snapshot commit (blobs first, manifest last) crash-safe on every backend.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from burst.errors import SnapshotError, StoreError
 
 # used with fullmatch: "$" would also accept a trailing newline ("run\n" as a key segment)
 _SAFE_SEGMENT = re.compile(r"[A-Za-z0-9._=+@-]+")
+
+
+# Called with a byte count before that many bytes of a file are sent (from any thread): a
+# throttle's ``wait`` (burst.env.staging.Throttle) paces a background upload with it, and
+# it may raise to stop the upload, which keeps what landed for the next try.
+Pace = Callable[[int], None]
 
 
 class TransientStoreError(StoreError):
@@ -33,6 +41,15 @@ class Store(Protocol):
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         """Write ``data`` under ``key`` atomically, replacing any previous object."""
+
+    def put_file(self, key: str, path: str | os.PathLike[str], pace: Pace | None = None
+                 ) -> None:
+        """Write the file at ``path`` under ``key``, as atomically as :meth:`put`, reading
+        it from disk as it goes (a 900 MB torch wheel never sits whole in memory).
+
+        Large files go up in parts where the backend has them (S3, OSS: in parallel, and
+        an upload a failed or killed try left open is continued, not restarted); ``pace``
+        is called before each part or chunk is sent."""
 
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         """Write only if ``key`` does not exist; return False (and write nothing) if it does.
@@ -63,8 +80,9 @@ class Store(Protocol):
 
 
 # Top-level names a store keeps for itself, beside the runs: ``wheels/`` holds the
-# wheelhouse every run of the store shares (burst.env.wheelhouse).
-SHARED_PREFIXES = frozenset({"wheels", "preflight"})  # preflight: burst check's probes
+# wheelhouse every run of the store shares (burst.env.wheelhouse), ``inputs/`` the chunks
+# of the runs' data sets and hub caches (burst.inputs.chunks).
+SHARED_PREFIXES = frozenset({"wheels", "preflight", "inputs"})  # preflight: burst check's probes
 
 
 def check_range(url: str, key: str, start: int, length: int, size: int) -> None:

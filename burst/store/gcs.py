@@ -9,12 +9,14 @@ metadata server). ``pip install 'burst-failover[gcs]'`` brings gcsfs.
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from burst.errors import ConfigError, StoreError
 from burst.store.base import (
+    Pace,
     TransientStoreError,
     addressable,
     check_key,
@@ -53,6 +55,24 @@ class GCSStore:
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         with self._errors(f"writing {key}"):
             self.fs.pipe_file(self._path(key), bytes(data))
+
+    def put_file(self, key: str, path: str | os.PathLike[str], pace: Pace | None = None
+                 ) -> None:
+        """Stream the file through a resumable upload session (gcsfs), a part at a time;
+        the object appears when the session closes, and a failed one is cancelled."""
+        with self._errors(f"writing {key}"), open(path, "rb") as source:
+            remote = self.fs.open(self._path(key), "wb", block_size=self.part_size)
+            try:
+                while chunk := source.read(self.part_size):
+                    if pace is not None:
+                        pace(len(chunk))
+                    remote.write(chunk)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    remote.discard()  # cancel the session: nothing partial becomes visible
+                remote.closed = True  # and closing (at collection) must not commit it
+                raise
+            remote.close()
 
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         try:

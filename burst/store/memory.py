@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import threading
+from pathlib import Path
 
-from burst.store.base import check_key, check_range
+from burst.store.base import Pace, check_key, check_range
 
 _BUCKETS: dict[str, dict[str, bytes]] = {}
 _LOCK = threading.Lock()
@@ -27,6 +29,14 @@ class MemoryStore:
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         self._objects[check_key(key)] = bytes(data)
+
+    def put_file(self, key: str, path: str | os.PathLike[str], pace: Pace | None = None
+                 ) -> None:
+        """The file's bytes, whole: this store keeps every object in memory anyway."""
+        data = Path(path).read_bytes()
+        if pace is not None:
+            pace(len(data))
+        self.put(key, data)
 
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         with _LOCK:

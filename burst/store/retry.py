@@ -11,13 +11,14 @@ that stream, and a resumed run would replay it shifted).
 
 from __future__ import annotations
 
+import os
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from burst.store.base import Store, TransientStoreError
+from burst.store.base import Pace, Store, TransientStoreError
 
 T = TypeVar("T")
 
@@ -59,7 +60,7 @@ def retry(fn: Callable[[], T], policy: RetryPolicy = DEFAULT_RETRY,
 
 class Retrying:
     """``store`` with each idempotent call (``get``, ``size``, ``list``, ``put``,
-    ``put_if_absent``, ``delete``) made through :func:`retry`; anything else is the
+    ``put_file``, ``put_if_absent``, ``delete``) made through :func:`retry`; anything else is the
     store's own.
 
     For code that talks to a store in many small steps, each of which a transient fault
@@ -81,6 +82,11 @@ class Retrying:
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         retry(lambda: self.store.put(key, data), self.policy)
+
+    def put_file(self, key: str, path: str | os.PathLike[str], pace: Pace | None = None
+                 ) -> None:
+        """Each try continues what the last one sent, where the store can (S3 parts)."""
+        retry(lambda: self.store.put_file(key, path, pace), self.policy)
 
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
         return retry(lambda: self.store.put_if_absent(key, data), self.policy)

@@ -19,8 +19,11 @@ each byte a second time.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import math
+import mmap
+import os
 import re
 import threading
 from collections.abc import Callable, Iterator
@@ -36,6 +39,7 @@ import botocore.parsers
 from burst import killpoints
 from burst.errors import ConfigError, SnapshotError, StoreError
 from burst.store.base import (
+    Pace,
     TransientStoreError,
     addressable,
     check_key,
@@ -130,9 +134,10 @@ def make_client(options: dict[str, Any], *, addressing_style: str = "auto",
 def bucket_region(store: S3Store) -> str | None:
     """The region the store's bucket lives in, as S3 says it: HeadBucket's
     ``x-amz-bucket-region`` header (AWS sends it even when refusing a request signed for
-    another region), else GetBucketLocation. boto3 follows a bucket's region here on its
-    own; a node's bootstrap signs for the region it is given, so ``burst resume`` asks.
-    None when the endpoint does not say (most S3-compatible servers) or cannot be asked."""
+    another region), else, on AWS, GetBucketLocation. boto3 follows a bucket's region here
+    on its own; a node's bootstrap signs for the region it is given, so ``burst resume``
+    asks. None when the endpoint does not say (most S3-compatible servers) or cannot be
+    asked."""
     try:
         response = store.client.head_bucket(Bucket=store.bucket)
     except bexc.ClientError as exc:
@@ -143,6 +148,8 @@ def bucket_region(store: S3Store) -> str | None:
         "x-amz-bucket-region")
     if region:
         return str(region)
+    if not is_aws_endpoint(store.endpoint):  # Ceph's zonegroup, GCS's "US": not regions
+        return None
     try:
         location = store.client.get_bucket_location(Bucket=store.bucket).get(
             "LocationConstraint")
@@ -150,8 +157,7 @@ def bucket_region(store: S3Store) -> str | None:
         return None
     if location == "EU":  # the legacy name of eu-west-1
         return "eu-west-1"
-    return str(location) if location else ("us-east-1" if is_aws_endpoint(store.endpoint)
-                                            else None)
+    return str(location) if location else "us-east-1"
 
 
 class _BucketPathCut:
@@ -234,6 +240,27 @@ class S3Store:
         with self._errors(f"writing {key}"):
             self.client.put_object(Bucket=self.bucket, Key=self._key(key), Body=_ViewReader(view))
         killpoints.hit("s3.put.done")
+
+    def put_file(self, key: str, path: str | os.PathLike[str], pace: Pace | None = None
+                 ) -> None:
+        """Upload the file at ``path``: one PUT up to a part's size, else a multipart
+        upload whose parts go in parallel from a read-only map of the file (the page cache
+        holds it, not this process's heap), continuing an upload a failed or killed try
+        of the same key left open (:meth:`_open_upload`)."""
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size <= self.part_size:
+                if pace is not None:
+                    pace(size)
+                self.put(key, f.read())  # one part's worth at most
+                return
+            mapped = mmap.mmap(f.fileno(), size, access=mmap.ACCESS_READ)
+        try:
+            with memoryview(mapped) as view:
+                self._put_multipart(key, view, resume=True, pace=pace)
+        finally:
+            with contextlib.suppress(BufferError):  # a part's slice may outlive a failure
+                mapped.close()
 
     def put_checked(self, key: str, data: bytes | bytearray | memoryview,
                     check: Callable[[], None]) -> None:
@@ -385,30 +412,94 @@ class S3Store:
     # -- multipart and ranges ----------------------------------------------------------
 
     def _put_multipart(self, key: str, view: memoryview,
-                       check: Callable[[], None] | None = None) -> None:
+                       check: Callable[[], None] | None = None, *, resume: bool = False,
+                       pace: Pace | None = None) -> None:
+        """Send ``view`` as a multipart upload, its parts in parallel, completed only once
+        every part (and ``check``, beside them) succeeded.
+
+        Without ``resume`` a failure aborts the upload (no orphaned parts to pay for). With
+        it (:meth:`put_file`) the upload stays open on failure and the next try of the same
+        key continues it (:meth:`_open_upload`): a 900 MB wheel cut at 80% sends 20% again."""
         part = max(self.part_size, math.ceil(len(view) / MAX_PARTS))
         full = self._key(key)
-        with self._errors(f"writing {key}"):
-            upload = self.client.create_multipart_upload(Bucket=self.bucket, Key=full)["UploadId"]
+        ranges = list(enumerate(_ranges(len(view), part), start=1))
+        upload, landed = (self._open_upload(key, full, view, ranges) if resume
+                          else (self._create_upload(key, full), {}))
         try:
             pool = self._executor()
             checked = pool.submit(check) if check is not None else None  # beside the parts
-            futures = [pool.submit(self._put_part, full, upload, number, view[a:b])
-                       for number, (a, b) in enumerate(_ranges(len(view), part), start=1)]
-            parts = [{"PartNumber": n, "ETag": f.result()} for n, f in enumerate(futures, 1)]
+            futures = {number: pool.submit(self._put_part, full, upload, number, view[a:b],
+                                           pace)
+                       for number, (a, b) in ranges if number not in landed}
+            _settle(list(futures.values()))  # every part has stopped reading ``view``
+            parts = [{"PartNumber": n, "ETag": landed.get(n) or futures[n].result()}
+                     for n, _ in ranges]
             if checked is not None:
                 checked.result()  # raises: the upload is aborted below, nothing visible
             killpoints.hit("s3.multipart.parts-done")
+            self._complete(key, full, upload, parts, len(view) if resume else None)
+        except BaseException:
+            if not resume:
+                with contextlib.suppress(Exception):  # leave no orphaned parts to pay for
+                    self.client.abort_multipart_upload(Bucket=self.bucket, Key=full,
+                                                       UploadId=upload)
+            raise
+
+    def _create_upload(self, key: str, full: str) -> str:
+        with self._errors(f"writing {key}"):
+            return self.client.create_multipart_upload(Bucket=self.bucket, Key=full)["UploadId"]
+
+    def _complete(self, key: str, full: str, upload: str, parts: list[dict],
+                  resumed_size: int | None) -> None:
+        try:
             with self._errors(f"writing {key}"):
                 self.client.complete_multipart_upload(Bucket=self.bucket, Key=full,
                                                       UploadId=upload,
                                                       MultipartUpload={"Parts": parts})
-        except BaseException:
-            with contextlib.suppress(Exception):  # leave no orphaned parts to pay for
-                self.client.abort_multipart_upload(Bucket=self.bucket, Key=full, UploadId=upload)
+        except TransientStoreError:
             raise
+        except StoreError:
+            # a racing writer of the same key continued this upload and completed it first
+            # (NoSuchUpload): its parts were ours, byte for byte (their MD5s matched)
+            if resumed_size is None or self.size(key) != resumed_size:
+                raise
 
-    def _put_part(self, full_key: str, upload: str, number: int, view: memoryview) -> str:
+    def _open_upload(self, key: str, full: str, view: memoryview,
+                     ranges: list[tuple[int, tuple[int, int]]]) -> tuple[str, dict[int, str]]:
+        """The newest upload of ``full`` an earlier try left open, and its parts whose
+        size and MD5 (the ETag S3 gives a part) match ours; else a new upload.
+
+        The server is asked (ListMultipartUploads, ListParts) rather than a local record
+        kept: a try killed with SIGKILL, or made from another machine, leaves nothing
+        behind but the upload itself, and a part is kept only if its bytes are ours."""
+        try:
+            with self._errors(f"looking for an unfinished upload of {key}"):
+                listed = self.client.list_multipart_uploads(Bucket=self.bucket, Prefix=full)
+                open_ = sorted((u for u in listed.get("Uploads", ()) if u.get("Key") == full),
+                               key=lambda u: str(u.get("Initiated", "")))
+                if not open_:
+                    return self._create_upload(key, full), {}
+                upload = open_[-1]["UploadId"]
+                pages = self.client.get_paginator("list_parts").paginate(
+                    Bucket=self.bucket, Key=full, UploadId=upload)
+                listed_parts = {p["PartNumber"]: p for page in pages
+                                for p in page.get("Parts", ())}
+        except TransientStoreError:
+            raise
+        except StoreError:  # a server without these calls: start afresh
+            return self._create_upload(key, full), {}
+        landed = {}
+        for number, (a, b) in ranges:
+            found = listed_parts.get(number)
+            if found is not None and int(found.get("Size", -1)) == b - a and \
+                    str(found.get("ETag", "")).strip('"') == _md5(view[a:b]):
+                landed[number] = found["ETag"]
+        return upload, landed
+
+    def _put_part(self, full_key: str, upload: str, number: int, view: memoryview,
+                  pace: Pace | None = None) -> str:
+        if pace is not None:
+            pace(len(view))
         killpoints.hit("s3.multipart.part")
         with self._errors(f"writing part {number} of {full_key}"):
             response = self.client.upload_part(Bucket=self.bucket, Key=full_key,
@@ -542,6 +633,11 @@ def _settle(futures: list[Future], cancel: bool = False) -> None:
                 other.cancel()
     if error is not None and not cancel:
         raise error
+
+
+def _md5(view: memoryview) -> str:
+    """A part's MD5, as S3 names it in its ETag (not for security: to know it is ours)."""
+    return hashlib.md5(view, usedforsecurity=False).hexdigest()
 
 
 def _ranges(size: int, part: int) -> Iterator[tuple[int, int]]:

@@ -28,7 +28,7 @@ import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
 
 import paramiko
@@ -36,6 +36,7 @@ from fsspec.implementations.sftp import SFTPFileSystem
 
 from burst.errors import ConfigError, StoreError
 from burst.store.base import (
+    Pace,
     TransientStoreError,
     addressable,
     check_key,
@@ -101,6 +102,20 @@ def _ssh_config(options: dict[str, Any]) -> paramiko.SSHConfig:
         raise ConfigError(f"cannot read SSH config {path}: {exc}") from None
 
 
+CHUNK = 1 << 20  # written to the channel this much at a time (paramiko pipelines them)
+
+
+def _chunks(source: BinaryIO, pace: Pace | None) -> Iterator[bytes]:
+    """A file's bytes a chunk at a time, each paced before it is read."""
+    while True:
+        if pace is not None:
+            pace(CHUNK)
+        chunk = source.read(CHUNK)
+        if not chunk:
+            return
+        yield chunk
+
+
 class SFTPStore:
     """Files under a directory of an SSH server; keys are relative paths."""
 
@@ -144,6 +159,18 @@ class SFTPStore:
             tmp = self._upload_temp(path, data)
             try:
                 self._ftp().posix_rename(tmp, path)
+            except BaseException:
+                self._remove(tmp)
+                raise
+
+    def put_file(self, key: str, path: str | os.PathLike[str], pace: Pace | None = None
+                 ) -> None:
+        """Stream the file into a temporary beside ``key``, then rename it into place."""
+        target = self._path(key)
+        with self._errors(f"writing {key}"), open(path, "rb") as source:
+            tmp = self._upload_temp(target, _chunks(source, pace))
+            try:
+                self._ftp().posix_rename(tmp, target)
             except BaseException:
                 self._remove(tmp)
                 raise
@@ -240,16 +267,20 @@ class SFTPStore:
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _upload_temp(self, path: str, data: bytes | bytearray | memoryview) -> str:
+    def _upload_temp(self, path: str,
+                     data: bytes | bytearray | memoryview | Iterator[bytes]) -> str:
+        """Write ``data`` (bytes, or chunks of them) to a new temporary beside ``path``."""
         directory, name = posixpath.split(path)
         self._makedirs(directory)
         tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
-        view = memoryview(data).cast("B")
+        if isinstance(data, bytes | bytearray | memoryview):
+            view = memoryview(data).cast("B")
+            data = (view[start : start + CHUNK] for start in range(0, len(view), CHUNK))
         try:
             with self._ftp().open(tmp, "wb") as f:
                 f.set_pipelined(True)
-                for start in range(0, len(view), 1 << 20):
-                    f.write(view[start : start + (1 << 20)])
+                for chunk in data:
+                    f.write(chunk)
         except BaseException:
             self._remove(tmp)
             raise

@@ -94,6 +94,24 @@ def test_a_large_object_round_trips_through_parts_and_ranges(store):
     assert buffer == data
 
 
+def test_a_file_put_lands_byte_for_byte_and_every_byte_is_paced(store, tmp_path):
+    data = os.urandom((12 << 20) + 17)  # above the part size: a multipart upload on S3
+    path = tmp_path / "wheel.whl"
+    path.write_bytes(data)
+    paced: list[int] = []
+    store.put_file("wheels/ab/wheel.whl", path, paced.append)
+    assert store.get("wheels/ab/wheel.whl") == data
+    assert sum(paced) >= len(data)
+
+
+def test_a_file_put_replaces_an_existing_object(store, tmp_path):
+    path = tmp_path / "f"
+    path.write_bytes(b"second")
+    store.put("run/f", b"first, longer")
+    store.put_file("run/f", path)
+    assert store.get("run/f") == b"second"
+
+
 def test_read_into_a_smaller_buffer_fills_it_and_reports_the_full_size(store):
     store.put("run/o", b"0123456789")
     buffer = bytearray(4)
