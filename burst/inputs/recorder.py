@@ -1,0 +1,174 @@
+"""Which files the training process reads: a Python audit hook on ``open``.
+
+A run's data set rarely lives in its code tree (``~/data/wikitext``, a memmapped token
+file, pretrained weights in a hub cache), and nothing in the script says so in a form
+burst could parse. So burst watches: :func:`start` adds an audit hook (``sys.addaudithook``,
+event ``open``) that keeps each path opened for reading, once. The hook sits on every
+``open`` of the process, so it does as little as it can: an event-name compare, a set
+lookup for a path seen before, and for a new one an append to a list. No I/O, no
+filtering: which of the paths are inputs (outside the code tree, the Python environment
+and the system) is decided at freeze time by :mod:`burst.inputs.selection`, off the hot
+path. An audit hook cannot be removed, so it is added once per process and :func:`stop`
+only mutes it.
+
+What the hook misses is picked up at :func:`collect` time from ``/proc/self/maps`` (a
+token file memmapped before the hook was added) and ``/proc/self/fd`` (files still
+open). DataLoader workers forked from the process inherit the hook; each writes the paths
+it found to a small file in :func:`start`'s directory from a daemon thread (never from the
+hook), and :func:`collect` reads them. Workers started with ``spawn`` are not watched:
+declare what they read (``burst.Run(inputs=...)``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+_SEEN: set[object] = set()  # every path the hook was shown, as given (str, bytes, fd ...)
+_NEW: list[str] = []  # absolute paths found since the last drain (list.append is atomic)
+_FOUND: set[str] = set()  # everything drained so far, in this process
+_STATE: dict[str, object] = {"installed": False, "on": False, "dir": None, "child": False}
+_WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+FLUSH_SECONDS = 0.2  # how often a forked worker writes what it found
+
+
+def _hook(event: str, args: tuple) -> None:
+    if event != "open" or not _STATE["on"]:
+        return
+    try:
+        path = args[0]
+        if path in _SEEN:
+            return
+        _SEEN.add(path)
+        mode, flags = args[1], args[2]
+        if (mode and any(c in mode for c in "wax+")) or (not mode and flags & _WRITING):
+            return  # written, not read: an output
+        if isinstance(path, int):
+            return
+        name = os.fsdecode(os.fspath(path))
+        _NEW.append(name if name.startswith("/") else os.path.join(os.getcwd(), name))
+    except Exception:  # an audit hook that raises fails the user's open()
+        return
+
+
+def start() -> Path:
+    """Record from now on (idempotent); the directory forked workers report into."""
+    if not _STATE["installed"]:
+        _STATE["dir"] = tempfile.mkdtemp(prefix="burst-inputs-")
+        sys.addaudithook(_hook)
+        os.register_at_fork(after_in_child=_in_child)
+        _STATE["installed"] = True
+    _STATE["on"] = True
+    return Path(str(_STATE["dir"]))
+
+
+def stop() -> None:
+    """Stop recording (the hook stays, muted: Python cannot remove it)."""
+    _STATE["on"] = False
+
+
+def recording() -> bool:
+    return bool(_STATE["on"])
+
+
+def _in_child() -> None:
+    """A forked worker: write what it finds to its own file, from a thread."""
+    if not _STATE["on"]:
+        return
+    _STATE["child"] = True
+    _NEW.clear()
+    threading.Thread(target=_flush_forever, name="burst-inputs", daemon=True).start()
+
+
+def _flush_forever() -> None:
+    stopped = threading.Event()
+    target = Path(str(_STATE["dir"])) / f"opened-{os.getpid()}.txt"
+    while not stopped.wait(FLUSH_SECONDS):
+        found = _drain()
+        if found:
+            try:
+                with open(target, "a", encoding="utf-8", errors="surrogateescape") as out:
+                    out.write("".join(f"{p}\n" for p in found))
+            except OSError:
+                return
+
+
+def _drain() -> list[str]:
+    count = len(_NEW)
+    found = _NEW[:count]
+    del _NEW[:count]
+    return found
+
+
+def collect() -> list[str]:
+    """Every absolute path read so far by this process, its forked workers, its memory
+    maps and its open files (sorted; not yet filtered)."""
+    _FOUND.update(_drain())
+    folder = _STATE["dir"]
+    if folder:
+        for report in Path(str(folder)).glob("opened-*.txt"):
+            try:
+                _FOUND.update(report.read_text(encoding="utf-8",
+                                               errors="surrogateescape").splitlines())
+            except OSError:
+                continue
+    _FOUND.update(mapped_files())
+    _FOUND.update(open_files())
+    return sorted(p for p in _FOUND if p.startswith("/"))
+
+
+def mapped_files(maps: str = "/proc/self/maps") -> set[str]:
+    """Files mapped into memory (a ``np.memmap`` token file opened before :func:`start`)."""
+    try:
+        lines = Path(maps).read_text(errors="surrogateescape").splitlines()
+    except OSError:
+        return set()
+    found = set()
+    for line in lines:
+        fields = line.split(maxsplit=5)
+        if len(fields) == 6 and fields[5].startswith("/") and not fields[5].endswith(
+                " (deleted)") and "r" in fields[1] and "w" not in fields[1]:
+            found.add(fields[5])
+    return found
+
+
+def open_files(fds: str = "/proc/self/fd") -> set[str]:
+    """Regular files this process holds open for reading now."""
+    found = set()
+    try:
+        entries = os.listdir(fds)
+    except OSError:
+        return found
+    for entry in entries:
+        try:
+            target = os.readlink(os.path.join(fds, entry))
+            flags = _fd_flags(entry)
+        except OSError:
+            continue
+        if target.startswith("/") and flags is not None and not flags & (os.O_WRONLY | os.O_RDWR):
+            found.add(target)
+    return found
+
+
+def _fd_flags(entry: str) -> int | None:
+    try:
+        for line in Path(f"/proc/self/fdinfo/{entry}").read_text().splitlines():
+            if line.startswith("flags:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def reset() -> None:
+    """Forget what was found (tests; the hook stays installed)."""
+    _SEEN.clear()
+    _NEW.clear()
+    _FOUND.clear()
+    folder = _STATE["dir"]
+    if folder:
+        for report in Path(str(folder)).glob("opened-*.txt"):
+            report.unlink(missing_ok=True)

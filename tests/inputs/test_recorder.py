@@ -1,0 +1,65 @@
+"""The recorder: the files a training process reads, found by an audit hook on ``open``
+(and in its memory maps and open files), each once, and never the files it writes."""
+
+from __future__ import annotations
+
+import os
+import time
+
+import numpy as np
+
+from burst.inputs import recorder
+
+
+def test_a_file_read_after_start_is_recorded(dataset):
+    recorder.start()
+    (dataset / "docs" / "doc0.txt").read_text()
+    assert str(dataset / "docs" / "doc0.txt") in recorder.collect()
+
+
+def test_a_relative_path_is_recorded_absolute(dataset, monkeypatch):
+    recorder.start()
+    monkeypatch.chdir(dataset / "docs")
+    with open("doc1.txt") as source:
+        source.read()
+    assert str(dataset / "docs" / "doc1.txt") in recorder.collect()
+
+
+def test_a_file_opened_for_writing_is_not_an_input(tmp_path):
+    recorder.start()
+    (tmp_path / "out.txt").write_text("written")
+    with open(tmp_path / "log.txt", "a") as log:
+        log.write("appended")
+    found = recorder.collect()
+    assert str(tmp_path / "out.txt") not in found and str(tmp_path / "log.txt") not in found
+
+
+def test_a_path_read_many_times_is_recorded_once(dataset):
+    recorder.start()
+    for _ in range(3):
+        (dataset / "docs" / "doc2.txt").read_text()
+    assert recorder.collect().count(str(dataset / "docs" / "doc2.txt")) == 1
+
+
+def test_nothing_is_recorded_while_stopped(dataset):
+    recorder.start()
+    recorder.stop()
+    (dataset / "docs" / "doc0.txt").read_text()
+    assert str(dataset / "docs" / "doc0.txt") not in recorder.collect()
+
+
+def test_a_token_file_memmapped_before_recording_started_is_found(dataset):
+    tokens = np.memmap(dataset / "tokens.bin", dtype=np.uint8, mode="r")
+    assert str(dataset / "tokens.bin") in recorder.collect()
+    del tokens
+
+
+def test_a_forked_worker_reports_what_it_read(dataset):
+    recorder.start()
+    pid = os.fork()
+    if pid == 0:  # a DataLoader worker: reads a shard, then leaves without cleanup
+        (dataset / "docs" / "doc1.txt").read_text()
+        time.sleep(recorder.FLUSH_SECONDS * 4)
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert str(dataset / "docs" / "doc1.txt") in recorder.collect()
