@@ -6,7 +6,9 @@ only accepts virtual-hosted addressing. OSS refuses S3's ``If-None-Match`` on PU
 its own ``x-oss-forbid-overwrite: true`` (answering 409 ``FileAlreadyExists``), so the
 conditional manifest write is translated on the wire. Credentials come from the variables
 Alibaba's own SDKs read (``OSS_ACCESS_KEY_ID``, ``OSS_ACCESS_KEY_SECRET``,
-``OSS_SESSION_TOKEN``), else from the usual AWS chain; they are only ever held in memory.
+``OSS_SESSION_TOKEN``), else from the usual AWS chain, which with ``node_identity = "own"``
+also asks the ECS instance's RAM role (:mod:`burst.store.ramrole`); they are only ever
+held in memory.
 
 New Alibaba accounts must reach mainland buckets through a custom domain (a CNAME bound to
 the bucket) for data operations. ``endpoint_url = "https://ckpt.example.com"`` with
@@ -23,6 +25,7 @@ from typing import Any
 from urllib.parse import urlparse, urlunparse
 
 from burst.errors import ConfigError
+from burst.store.ramrole import own_identity_session
 from burst.store.s3 import (
     DEFAULT_PART_SIZE,
     DEFAULT_WORKERS,
@@ -132,8 +135,10 @@ class OSSStore(S3Store):
             endpoint, signing_region = endpoint_for(region, as_bool(options, "internal", False))
             settings.setdefault("endpoint_url", endpoint)
             settings["region"] = signing_region
-        client = make_client(settings, addressing_style="virtual", credentials=_credentials(),
-                             bucket=bucket)
+        keys = _credentials()
+        client = make_client(settings, addressing_style="virtual", credentials=keys,
+                             bucket=bucket,
+                             botocore_session=None if keys else own_identity_session(options))
         client.meta.events.register("before-sign.s3.PutObject", _forbid_overwrite)
         return cls(bucket, prefix, client, url=url.rstrip("/"),
                    part_size=as_int(options, "part_size", DEFAULT_PART_SIZE),

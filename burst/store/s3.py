@@ -90,7 +90,8 @@ def is_aws_endpoint(endpoint: str | None) -> bool:
 
 
 def make_client(options: dict[str, Any], *, addressing_style: str = "auto",
-                credentials: dict[str, str] | None = None, bucket: str | None = None) -> Any:
+                credentials: dict[str, str] | None = None, bucket: str | None = None,
+                botocore_session: Any = None) -> Any:
     """A boto3 S3 client for ``options`` (endpoint_url, region, profile, ca_bundle, ...).
 
     With ``bucket_endpoint`` the endpoint is bound to ``bucket`` (a custom domain, as
@@ -119,6 +120,7 @@ def make_client(options: dict[str, Any], *, addressing_style: str = "auto",
     )
     try:
         session = boto3.session.Session(profile_name=options.get("profile"),
+                                        botocore_session=botocore_session,
                                         **(credentials or {}))
     except bexc.ProfileNotFound as exc:
         raise ConfigError(f"AWS profile not found: {exc}") from None

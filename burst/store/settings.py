@@ -48,6 +48,9 @@ OPTIONS: dict[str, str] = {
     "node_identity": "BURST_NODE_IDENTITY",
 }
 _SECRETS = ("secret", "password", "token", "access_key", "private_key", "credential")
+#: The cloud metadata service's base URL (tests point it at loopback): the node's own
+#: identity (burst.store.ramrole, the bootstrap) and the preemption watcher read it.
+METADATA_URL_ENV = "BURST_METADATA_URL"
 
 
 def config_path() -> Path:
