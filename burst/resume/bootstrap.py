@@ -29,7 +29,10 @@ Stores: ``file://`` (and plain paths), ``s3://`` (AWS or any S3-compatible endpo
 ``$BURST_ENDPOINT_URL``, ``$AWS_ENDPOINT_URL``; ``$BURST_REGION``; ``$BURST_CA_BUNDLE``;
 ``$BURST_ADDRESSING_STYLE``), ``oss://`` (Alibaba Cloud through its S3-compatible API) and
 ``sftp://`` (the system's OpenSSH ``sftp``/``scp``). Credentials come from the task's
-secrets in the environment and are only ever held in memory.
+secrets in the environment and are only ever held in memory; with
+``$BURST_NODE_IDENTITY=own`` and no keys, from the node's own role (AWS IMDSv2, a
+web-identity token through STS, Alibaba's ECS RAM role). An S3 bucket in another region
+than the one signed for is followed once, to the region its error names.
 
 Why a hand-written S3 client: boto3 is exactly what this script is installing, and pip
 cannot fetch it from a node that reaches no package index (mainland China, air-gapped
@@ -44,6 +47,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import hmac
+import http.client
 import ipaddress
 import json
 import os
@@ -54,9 +58,11 @@ import ssl
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 MIN_PYTHON = (3, 10)  # what burst itself runs on: the venv's interpreter
 RUN_PYTHON = (3, 7)  # what this file runs on (the shell part of the task checks it first)
@@ -67,6 +73,10 @@ INDEX_FORMAT = 1
 EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
 CHUNK = 1 << 20
 ATTEMPTS = 3
+# Wheels fetched at once: a CUDA wheelhouse is a handful of 0.3-0.9 GB wheels, and four
+# streams keep a long, lossy link busy where one stream waits on its own window.
+WHEEL_WORKERS = 4
+CUT = (OSError, urllib.error.URLError, http.client.HTTPException)  # a transfer broke off
 INDEX_FILE = "wheelhouse.json"  # beside the wheels, as burst.env.wheelhouse.download leaves it
 PIP_MODE_ENV = "BURST_BOOTSTRAP_PIP"  # "wheel": skip ensurepip (tests, odd images)
 
@@ -310,9 +320,13 @@ class FileSource:
         self.root = root
         self.where = root
 
-    def fetch(self, key: str, out) -> None:
+    def fetch(self, key: str, out, start: int = 0) -> None:
+        """Copy the object into ``out`` from byte ``start`` (``out.at`` is told where)."""
         try:
             with open(os.path.join(self.root, *key.split("/")), "rb") as f:
+                if start:
+                    f.seek(start)
+                    out.at(start)
                 shutil.copyfileobj(f, out, CHUNK)
         except FileNotFoundError:
             raise NotFound(key) from None
@@ -378,19 +392,32 @@ class S3Source:
             return f"{self.endpoint}/{path}"
         return f"{self.endpoint}/{urllib.parse.quote(self.bucket, safe='-_.~')}/{path}"
 
-    def fetch(self, key: str, out) -> None:
+    def fetch(self, key: str, out, start: int = 0) -> None:
+        """GET the object into ``out``; from byte ``start`` a ``Range: bytes=start-`` GET
+        (signed like any header), and ``out.at`` is told where the body begins: ``start``
+        (206), or 0 when the server sent the whole object (200)."""
         url, signed_for = self.url(key), self.region
-        headers = {}
+        headers = {"Range": f"bytes={start}-"} if start else {}
         if self.credentials:
             access, secret, token = self.credentials
-            headers = sigv4_headers("GET", url, self.region, access, secret, token)
+            headers.update(sigv4_headers("GET", url, self.region, access, secret, token,
+                                         headers=headers))
         request = urllib.request.Request(url, headers=headers, method="GET")
         try:
             with urllib.request.urlopen(request, timeout=60, context=self.context) as response:
+                if start:
+                    out.at(start if response.status == 206 and _range_starts(
+                        response.headers.get("Content-Range"), start) else 0)
                 shutil.copyfileobj(response, out, CHUNK)
+                if response.length:  # http.client ends a body cut short without a word
+                    raise http.client.IncompleteRead(b"", response.length)
         except urllib.error.HTTPError as error:
             body = error.read(4096).decode("utf-8", "replace")
             if self.move_to(region_named(error.code, error.headers, body), signed_for):
+                self.fetch(key, out, start)
+                return
+            if error.code == 416 and start:  # nothing past ``start``: fetch it whole again
+                out.at(0)
                 self.fetch(key, out)
                 return
             code = re.search(r"<Code>([^<]+)</Code>", body)
@@ -430,6 +457,11 @@ def region_named(status: int, headers, body: str) -> str | None:
     found = re.search(r"<Region>([a-z0-9-]+)</Region>", body)
     named = named.strip() or (found.group(1) if found else "")
     return named if re.match(r"^[a-z]{2}(-[a-z0-9]+)+$", named) else None
+
+
+def _range_starts(content_range, start: int) -> bool:
+    """Whether a 206's ``Content-Range`` (``bytes 100-199/200``) begins at ``start``."""
+    return str(content_range or "").startswith(f"bytes {start}-")
 
 
 def _dns_bucket(bucket: str) -> bool:
@@ -517,7 +549,7 @@ ALIBABA_ROLE = ("Alibaba ECS metadata", "http://100.100.100.200",
                 "/latest/meta-data/ram/security-credentials/",
                 ("AccessKeyId", "AccessKeySecret", "SecurityToken"))
 IDENTITY_ENV = "BURST_NODE_IDENTITY"  # burst.store.settings.OPTIONS["node_identity"]
-METADATA_URL_ENV = "BURST_METADATA_URL"  # burst.supervise.preemption.ENV_METADATA_URL
+METADATA_URL_ENV = "BURST_METADATA_URL"  # burst.store.settings.METADATA_URL_ENV
 ALIBABA_ROLE_ENV = "ALIBABA_CLOUD_ECS_METADATA"  # the role's name, as Alibaba's SDKs read it
 STS_ENDPOINT_ENV = "AWS_ENDPOINT_URL_STS"  # as boto3 reads it
 
@@ -636,9 +668,22 @@ class SFTPSource:
             raise BootstrapError("sftp:// stores need OpenSSH's sftp or scp on the node "
                                  "(apt-get install openssh-client)", 2)
 
-    def fetch(self, key: str, out) -> None:
+    def fetch(self, key: str, out, start: int = 0) -> None:
+        """``sftp``'s ``get`` (``reget`` from byte ``start``) straight into a part file
+        (``out.path``), so a cut transfer leaves what arrived there; else through a
+        temporary file (``scp``: no resume, ``out.at(0)``)."""
         remote = f"{self.root}/{key}"
         target = f"{self.user}@{self.host}" if self.user else self.host
+        if self.sftp and hasattr(out, "path"):
+            out.flush()
+            try:
+                self._sftp(key, target, f'{"reget" if start else "get"} "{remote}" '
+                                        f'"{out.path}"\n')
+            finally:
+                out.catch_up()  # what sftp wrote, counted and hashed
+            return
+        if start:
+            out.at(0)
         with tempfile.TemporaryDirectory(prefix="burst-sftp-") as tmp:
             local = os.path.join(tmp, "object")
             if self.sftp:
@@ -655,6 +700,15 @@ class SFTPSource:
                 raise BootstrapError(f"{self.where}: cannot fetch {key}: {error}")
             with open(local, "rb") as f:
                 shutil.copyfileobj(f, out, CHUNK)
+
+    def _sftp(self, key: str, target: str, batch: str) -> None:
+        done = subprocess.run([self.sftp, "-q", "-b", "-", *self.options, target],
+                              input=batch, capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            error = (done.stderr.strip().splitlines() or [f"exit {done.returncode}"])[-1]
+            if "not found" in error.lower() or "no such file" in error.lower():
+                raise NotFound(key)
+            raise ConnectionError(f"{self.where}: cannot fetch {key}: {error}")
 
 
 def open_source(url: str, environ: dict):
@@ -765,7 +819,7 @@ def fetch_retrying(source, key: str, out) -> None:
         try:
             source.fetch(key, out)
             return
-        except (OSError, urllib.error.URLError) as error:
+        except CUT as error:
             if attempt == ATTEMPTS:
                 reason = getattr(error, "reason", None) or error
                 raise BootstrapError(f"cannot read {key} from {source.where}: {reason}"
@@ -813,33 +867,144 @@ def checked_entries(index: dict) -> list:
     return wheels
 
 
-def download(source, wheels: list, dest: str) -> tuple:
-    """Every wheel into ``dest``, each checked against its SHA-256; (fetched bytes, kept)."""
-    os.makedirs(dest, exist_ok=True)
-    fetched, kept = 0, 0
-    for wheel in wheels:
-        path = os.path.join(dest, wheel["file"])
-        if os.path.exists(path) and sha256_of(path) == wheel["sha256"]:
-            kept += 1
-            continue
-        partial = path + ".part"
-        out = _HashingFile(partial)
+class _PartFile:
+    """``<file>.part``: a download in progress, appended to and hashed as it grows.
+
+    Opened on what an earlier try left (a cut connection, a killed node setup: the task
+    runs setup again, and a managed job's recovery on a node that kept its disk), it
+    hashes those bytes first and the download continues from its size, so the hash is
+    still over the whole file."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.file = open(path, "ab")  # noqa: SIM115 (closed by fetch_file)
+        self.sha = hashlib.sha256()
+        self.size = 0
+        self.catch_up()
+
+    def write(self, data: bytes) -> int:
+        self.file.write(data)
+        self.sha.update(data)
+        self.size += len(data)
+        return len(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def catch_up(self) -> None:
+        """Hash what lies on disk past what was hashed (written by another program)."""
+        self.file.flush()
+        with open(self.path, "rb") as f:
+            f.seek(self.size)
+            for block in iter(lambda: f.read(CHUNK), b""):
+                self.sha.update(block)
+                self.size += len(block)
+
+    def at(self, offset: int) -> None:
+        """The source's bytes begin at ``offset``: here (a resumed GET) or 0 (it sends the
+        whole object: start again)."""
+        if offset != self.size:
+            self.restart()
+
+    def restart(self) -> None:
+        self.file.seek(0)
+        self.file.truncate()
+        self.sha, self.size = hashlib.sha256(), 0
+
+
+def fetch_resuming(source, key: str, out: _PartFile, size=None) -> None:
+    """``source.fetch`` into ``out`` from its size, again from where it stopped each time
+    the transfer breaks off (or a body ends short of ``size``); gives up after
+    :data:`ATTEMPTS` tries in a row that brought no new byte (a missing key or a refusal
+    is not retried here)."""
+    idle = 0
+    while size is None or out.size < size:
+        before = out.size
         try:
-            try:
-                fetch_retrying(source, wheel["key"], out)
-            except NotFound:
-                raise BootstrapError(f"wheel {wheel['file']} is listed in the wheelhouse "
-                                     f"index but missing from {source.where}") from None
-        finally:
-            out.file.close()
-        got = out.sha.hexdigest()
-        if got != wheel["sha256"]:
-            os.unlink(partial)
-            raise BootstrapError(f"wheel {wheel['file']} does not match its sha256 (expected "
-                                 f"{wheel['sha256'][:12]}..., got {got[:12]}...): refusing it")
-        os.replace(partial, path)
-        fetched += os.path.getsize(path)
-    return fetched, kept
+            source.fetch(key, out, out.size)
+            if size is None or out.size >= size:
+                return
+            error = ConnectionError(f"the body ended at byte {out.size} of {size}")
+        except CUT as cut:
+            error = cut
+        out.flush()
+        idle = 0 if out.size > before else idle + 1
+        reason = " ".join(str(getattr(error, "reason", None) or error).split())[:160]
+        if idle >= ATTEMPTS:
+            raise BootstrapError(f"cannot read {key} from {source.where}: {reason}")
+        say(f"reading {key.rsplit('/', 1)[-1]} broke off at byte {out.size} ({reason}); "
+            "continuing from there")
+        time.sleep(0.5 * idle)
+
+
+def fetch_file(source, key: str, path: str, sha256: str, size=None) -> int:
+    """Download ``key`` into ``path`` (through ``path.part``, continued from its size
+    and renamed in once the whole file matches ``sha256``); returns the bytes fetched.
+
+    A part file that does not end as the object (left by an older object of the same
+    name) is fetched again once from byte 0. Raises :class:`Mismatch` when even that does
+    not match."""
+    partial = path + ".part"
+    if size is not None and os.path.exists(partial) and os.path.getsize(partial) > size:
+        os.unlink(partial)
+    out = _PartFile(partial)
+    resumed = out.size
+    try:
+        if resumed:
+            say(f"continuing {os.path.basename(path)} from byte {resumed}")
+        fetch_resuming(source, key, out, size)
+        if resumed and out.sha.hexdigest() != sha256:
+            out.restart()
+            fetch_resuming(source, key, out, size)
+            resumed = 0
+    finally:
+        out.file.close()
+    got = out.sha.hexdigest()
+    if got != sha256:
+        os.unlink(partial)
+        raise Mismatch(got)
+    os.replace(partial, path)
+    return out.size - resumed
+
+
+class Mismatch(Exception):
+    """A downloaded file's SHA-256 (the argument) is not the one expected."""
+
+
+def fetch_wheel(source, wheel: dict, dest: str) -> int:
+    """One wheel into ``dest``, hash-checked; returns the bytes fetched."""
+    size = wheel.get("size")
+    try:
+        return fetch_file(source, wheel["key"], os.path.join(dest, wheel["file"]),
+                          wheel["sha256"], size if isinstance(size, int) else None)
+    except NotFound:
+        raise BootstrapError(f"wheel {wheel['file']} is listed in the wheelhouse "
+                             f"index but missing from {source.where}") from None
+    except Mismatch as error:
+        raise BootstrapError(f"wheel {wheel['file']} does not match its sha256 (expected "
+                             f"{wheel['sha256'][:12]}..., got {str(error)[:12]}...): "
+                             "refusing it") from None
+
+
+def download(source, wheels: list, dest: str) -> tuple:
+    """Every wheel into ``dest``, :data:`WHEEL_WORKERS` at a time, each checked against
+    its SHA-256 and continued from what an earlier try left; (fetched bytes, kept)."""
+    os.makedirs(dest, exist_ok=True)
+    todo = [w for w in wheels if not (os.path.exists(os.path.join(dest, w["file"])) and
+                                      sha256_of(os.path.join(dest, w["file"])) == w["sha256"])]
+    if not todo:
+        return 0, len(wheels)
+    with ThreadPoolExecutor(min(WHEEL_WORKERS, len(todo))) as pool:
+        futures = [pool.submit(fetch_wheel, source, w, dest) for w in todo]
+        fetched = 0
+        try:
+            for future in futures:
+                fetched += future.result()
+        except BaseException:
+            for future in futures:  # fail fast: the wheels not started are not fetched
+                future.cancel()
+            raise
+    return fetched, len(wheels) - len(todo)
 
 
 # -- the venv and the install -----------------------------------------------------------------

@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from burst.resume import bootstrap
-from burst.store.settings import OPTIONS
-from burst.supervise.preemption import ENV_METADATA_URL
+from burst.store.settings import METADATA_URL_ENV, OPTIONS
 from tests.region_proxy import RegionProxy
 from tests.resume.test_bootstrap import (
     assert_installed,
@@ -87,7 +86,7 @@ def unsigned_get(url: str, ca_bundle: str | None) -> int:
 
 def test_the_bootstraps_names_are_the_ones_burst_forwards():
     assert OPTIONS["node_identity"] == bootstrap.IDENTITY_ENV
-    assert ENV_METADATA_URL == bootstrap.METADATA_URL_ENV
+    assert METADATA_URL_ENV == bootstrap.METADATA_URL_ENV
 
 
 # -- the bucket's region ----------------------------------------------------------------------
