@@ -24,10 +24,12 @@ _LAZY = {
     "ResumableSampler": "burst.training.sampler",
     "SampleIndex": "burst.training.sampler",
     "SeededDataset": "burst.training.sampler",
+    "input_path": "burst.inputs.place",
 }
 
 if TYPE_CHECKING:
     from burst.errors import BurstError, SnapshotError
+    from burst.inputs.place import input_path
     from burst.training.run import Run, Step
     from burst.training.sampler import ResumableSampler, SampleIndex, SeededDataset
 
@@ -53,4 +55,5 @@ __all__ = [
     "SnapshotError",
     "Step",
     "__version__",
+    "input_path",
 ]

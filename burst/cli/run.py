@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator
 
@@ -12,6 +13,7 @@ import click
 from burst import events
 from burst.cli.options import check_target, json_option, local_option, store_option
 from burst.errors import ConfigError
+from burst.inputs.names import INPUTS_ENV
 from burst.store import is_local, open_store
 from burst.supervise.agent import Agent, Outcome, Policy
 from burst.supervise.coordinator import (
@@ -58,6 +60,10 @@ def supervision_options(fn):
                      default="normal", show_default=True,
                      help="With --gpu-memory-quota: lower-priority runs pause (snapshot, "
                           "wait, resume exactly) when a higher one needs their memory."),
+        click.option("--input", "inputs", multiple=True, metavar="PATH",
+                     help="A file, folder or s3://, oss://, gs:// URL the run reads "
+                          "(repeatable): it travels to a resumed run's node (besides the "
+                          "files burst sees the run read)."),
         click.argument("command", nargs=-1, required=True, type=click.UNPROCESSED),
     )):
         fn = option(fn)
@@ -87,10 +93,17 @@ def build_agent(options: dict, fault: str | None = None, json_output: bool = Fal
     return Agent(list(options["command"]), run_id=run_id, store=history,
                  store_url=options["store_url"], policy=policy, watch=watch, fault=fault,
                  launcher=launcher,
-                 env={"BURST_LOCAL": options["local_url"]},
+                 env={"BURST_LOCAL": options["local_url"], **declared_inputs(options)},
                  say=lambda msg: click.echo(f"burst: {msg}", err=True),
                  child_stdout=sys.stderr if json_output else None,
                  share=machine_share(options))
+
+
+def declared_inputs(options: dict) -> dict[str, str]:
+    """``--input`` paths for the training process (absolute: it may change directory)."""
+    paths = [p if "://" in p else os.path.abspath(os.path.expanduser(p))
+             for p in options.get("inputs") or ()]
+    return {INPUTS_ENV: os.pathsep.join(paths)} if paths else {}
 
 
 def machine_share(options: dict) -> Share | None:

@@ -44,6 +44,7 @@ from burst.env import codearchive, freeze, interpreter
 from burst.env import wheelhouse as wheels
 from burst.env.lockfile import Lockfile, LockfileError
 from burst.errors import BurstError, ConfigError, SnapshotError
+from burst.inputs import part as inputs_part
 from burst.launch import Launcher, LaunchResult, Reporter, skyenv
 from burst.launch.task import (
     CA_BUNDLE_ENV,
@@ -159,6 +160,11 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
         raise SnapshotError(f"run {request.run_id!r} has no complete snapshot in {store.url}")
     lock, code_ref = frozen_record(store, request, warnings)
     environment = environment_record(lock, code_ref, warnings)
+    # the run's data and hub caches: refused here if one cannot travel, completed if the
+    # run died before staging them all (burst.inputs)
+    input_warnings, hub_mirrors = inputs_part.for_resume(store, request.run_id,
+                                                         dry_run=request.dry_run, say=say)
+    warnings += input_warnings
     travelled = travel(store, request.run_id, code_ref,
                        list(request.command) or recorded_command(store, request))
     warnings += travelled.warnings
@@ -169,6 +175,7 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
                    skypilot=request.skypilot_catalog)
     candidates = fitting(plans, request.micro_batch)
     envs = task_envs(request, lock, warnings)
+    envs.update(hub_mirrors)  # the hub mirror the user prefers to the cache's files
     warnings += bucket_region.forward(store, envs)  # the node signs for the bucket's own
     mirror_envs, mirror_secrets = ({}, {}) if request.software.python is not None \
         else mirrors.forwarded()

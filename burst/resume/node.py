@@ -27,6 +27,7 @@ from burst.env import install as envinstall
 from burst.env import machine as envfacts
 from burst.env.lockfile import LockfileError
 from burst.errors import BurstError, ConfigError
+from burst.inputs import place as inputs_place
 from burst.plan import planner
 from burst.plan.replan import replan
 from burst.resume import entrypoint, restarts
@@ -73,6 +74,7 @@ def setup(run_id: str, store: Store, *, python: str | None, venv: Path, code_dir
         say(f"restored {len(files)} files of code {code_ref['archive'][:12]} into {code_dir}")
     else:
         say("the run has no code archive: the entry point must already be on this node")
+    inputs_place.place(store, run_id, node_dir(), say)  # where the script reads them
     if lock is None:
         say("the run has no frozen environment: using the interpreter as it is")
         return
@@ -284,7 +286,8 @@ def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | No
             errors=None if start is None else start.errors,
             preemptions=None if start is None else start.preemptions, **_where())
     env = {**plan.env, "BURST_LOCAL": str(local_dir), "PATH": _path_with(interpreter),
-           "BURST_RUN_ID": run_id, "BURST_STORE": store_url}
+           "BURST_RUN_ID": run_id, "BURST_STORE": store_url,
+           **inputs_place.node_env(node_dir())}  # where setup placed the run's inputs
     agent = Agent(entrypoint.on_node(command, interpreter), run_id=run_id, store=local,
                   store_url=store_url,
                   policy=Policy(on_oom="retry-smaller", on_gpu_failure="stop", on_killed="stop"),
