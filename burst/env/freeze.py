@@ -34,7 +34,6 @@ from burst import events
 from burst.env import codearchive, lockfile, wheelhouse
 from burst.env.redact import scrub_text
 from burst.errors import BurstError
-from burst.inputs import part as inputs_part
 from burst.snapshot import reader as snapshot
 from burst.store import is_local
 from burst.store.base import Store
@@ -78,9 +77,6 @@ def freeze(store: Store, run_id: str, *, code_dir: Path | str | None = None,
         result.code_ref, result.code_new = codearchive.upload(store, run_id, captured)
     if wheels is not None:
         result.wheelhouse = wheelhouse.ensure(store, run_id, lock, wheels, say=say)
-    declared = inputs_part.InputsPart(run_id, record=False, code_dir=root,
-                                      **({"say": say} if say else {}))
-    declared.stage(store)  # [inputs] paths and $BURST_INPUTS: a training run records more
     events.record(store, run_id, "freeze", lockfile_hash=digest,
                   code_archive=(result.code_ref or {}).get("archive"),
                   code_skipped=(result.code_ref or {}).get("skipped", []))
@@ -119,6 +115,7 @@ _UPLOADS: list[threading.Thread] = []
 _EXIT_WAIT: list[bool] = []  # holds True once wait_uploads is registered with atexit
 _DONE: dict[tuple[str, str], threading.Event] = {}  # set once _CACHE holds the run
 _GAVE_UP: set[tuple[str, str]] = set()  # runs whose bounded wait has run out once
+_STAGED: set[tuple[str, str]] = set()  # runs whose wheelhouse a stager uploads, throttled
 EXIT_WAIT_SECONDS = 120.0
 SNAPSHOT_WAIT_SECONDS = 30.0  # what a run's first snapshot waits for its freeze, at most
 
@@ -186,6 +183,24 @@ def _bounded(store: Store, run_id: str, local: Store | None, wait: float) -> Fre
             _GAVE_UP.add(cache_key)
         return FreezeResult(None, None, pending=True)
     return _CACHE.get(cache_key) or FreezeResult(None, None, pending=True)  # reset meanwhile
+
+
+def frozen_lockfile(store: Store, run_id: str, local: Store | None = None
+                    ) -> lockfile.Lockfile:
+    """The lockfile this process froze the run with (waiting for the freeze; built here
+    when the freeze is off or failed): what the run's wheelhouse is made from."""
+    freeze_run(store, run_id, local=local)
+    with _GUARD:
+        if not _LOCKFILE:
+            _LOCKFILE.append(lockfile.build(default_code_dir()))
+        return _LOCKFILE[0]
+
+
+def leave_wheelhouse_to_stager(store: Store, run_id: str) -> None:
+    """The run's background stager (:mod:`burst.env.stager`) uploads its wheelhouse,
+    throttled behind the snapshots: the freeze must not send it at full speed too."""
+    with _GUARD:
+        _STAGED.add((store.url, run_id))
 
 
 def _mode() -> str:
@@ -257,10 +272,6 @@ def _upload_quietly(store: Store, run_id: str, lock: lockfile.Lockfile,
             _, result.code_new = codearchive.upload(store, run_id, captured)
         except Exception as error:
             _failed(store, run_id, "code", error, result)
-    problem = inputs_part.stage_quietly(store, run_id, captured.root if captured else None,
-                                        captured.tar_gz if captured else None)
-    if problem:
-        _failed(store, run_id, "inputs", BurstError(problem), result)
     _wheelhouse_quietly(store, run_id, lock, result)
     # no success event: every manifest names the freeze; only failures are news
 
@@ -272,6 +283,9 @@ def _wheelhouse_quietly(store: Store, run_id: str, lock: lockfile.Lockfile,
     try:
         if is_local(store) or wheelhouse.default_policy() == "none":
             return
+        with _GUARD:
+            if (store.url, run_id) in _STAGED:
+                return
         result.wheelhouse = wheelhouse.ensure(store, run_id, lock,
                                               wheelhouse.target_for(lock))
     except Exception as error:
@@ -298,6 +312,7 @@ def reset_cache() -> None:
         _LOCKFILE.clear()
         _DONE.clear()
         _GAVE_UP.clear()
+        _STAGED.clear()
 
 
 # -- reading a frozen run back -----------------------------------------------------------

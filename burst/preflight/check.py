@@ -33,6 +33,7 @@ from burst.env import lockfile
 from burst.errors import BurstError, ConfigError, SnapshotError
 from burst.plan import facts, regions
 from burst.preflight import clouds, credentials, disk, environment, mainland, placement
+from burst.preflight.readiness import readiness_row
 from burst.preflight.store import store_rows
 from burst.preflight.table import FAIL, SKIP, Report, Row
 from burst.snapshot import reader as snapshot
@@ -92,6 +93,7 @@ def run(request: Request) -> Report:
     to_cloud = SKYPILOT in targets
     if request.run_id:
         report.add(*environment.environment_rows(store, request.run_id))
+        report.add(readiness_row(store, local, request.run_id))
         report.add(_placement(store, request.run_id, request.offline, to_cloud,
                               request.region))
     if to_cloud and request.ask_skypilot:

@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from burst import events
+from burst.env import readiness
 from burst.errors import BurstError, SnapshotError
 from burst.snapshot import reader as snapshot
 from burst.store import Store
@@ -52,8 +53,20 @@ def run_status(store: Store, run_id: str, local: Store | None = None,
         "plan": plan_in_force(history, newest),
         "intervals": snapshot_intervals(history, newest),
         "job": detached_job(history),
+        "readiness": published_readiness(store, run_id, local),
         "events": len(history),
     }
+
+
+def published_readiness(store: Store, run_id: str, local: Store | None
+                        ) -> dict[str, Any] | None:
+    """The newest readiness the run's stager published (:mod:`burst.env.readiness`),
+    with its sentence; None when no stager ran (a run from before staging, another rank)."""
+    for source in (s for s in (local, store) if s is not None):
+        found = readiness.load(source, run_id)
+        if found is not None:
+            return {**found.as_dict(), "line": found.line()}
+    return None
 
 
 def detached_job(history: list[dict]) -> dict[str, Any] | None:

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 
 from burst.errors import BurstError, StoreError
+from burst.snapshot import traffic
 from burst.snapshot.reader import list_steps
 from burst.snapshot.retention import sweep_temporaries
 from burst.snapshot.sync import Transfer, copy_extras, push_snapshot
@@ -102,9 +103,11 @@ class UploadQueue:
                 step, self._pending, self._active = self._pending, None, self._pending
                 submitted = self._submitted
             try:
-                transfer = push_snapshot(self.local, self.remote, self.run_id, step,
-                                         policy=self.policy)
-                copy_extras(self.local, self.remote, self.run_id, self.policy)
+                with traffic.sending():  # pre-staging pauses meanwhile (burst.env.stager)
+                    transfer = push_snapshot(self.local, self.remote, self.run_id, step,
+                                             policy=self.policy)
+                    copy_extras(self.local, self.remote, self.run_id, self.policy)
+                traffic.record(transfer.bytes_sent, transfer.seconds)
             except BurstError as exc:
                 failure: BurstError | None = exc
             except Exception as exc:  # a bug or an SDK surprise: report it, keep the thread

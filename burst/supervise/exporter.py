@@ -55,6 +55,17 @@ RUN_GAUGES = {
     "burst_upload_backlog_bytes": ("Bytes of the committed snapshot not yet in the remote "
                                    "store (all its blobs: an upper bound)",
                                    "upload_backlog_bytes"),
+    "burst_ready_bytes_pending": ("Bytes a burst would still upload before the node could "
+                                  "start, snapshots aside (burst.env.readiness)",
+                                  "ready_bytes_pending"),
+    "burst_ready_objects_pending": ("Objects (wheels, archives, inputs) the store still lacks",
+                                    "ready_objects_pending"),
+    "burst_ready_upload_seconds": ("Seconds those bytes take at the measured uplink",
+                                   "ready_upload_seconds"),
+    "burst_ready_setup_seconds": ("Estimated seconds the node then needs to set up",
+                                  "ready_setup_seconds"),
+    "burst_uplink_bytes_per_second": ("Uplink the snapshot uploads measured",
+                                      "uplink_bytes_per_second"),
     "burst_quota_bytes": ("GPU memory quota of the run (burst run --gpu-memory-quota)",
                           "quota_bytes"),
     "burst_quota_used_bytes": ("GPU memory PyTorch's allocator holds in the run (what its "

@@ -104,6 +104,16 @@ class LiveFigures:
             self._figures["snapshot_bytes"] = sum(
                 int(blob.get("size", 0)) for blob in manifest.get("blobs", {}).values())
 
+    def readiness(self, ready: Any) -> None:
+        """The stager's newest readiness (:class:`burst.env.readiness.Readiness`, from its
+        thread: plain assignments), published with the next step."""
+        if self.enabled:
+            self._figures.update(ready_bytes_pending=ready.pending_bytes,
+                                 ready_objects_pending=ready.pending_objects,
+                                 ready_upload_seconds=ready.upload_seconds,
+                                 ready_setup_seconds=ready.setup_seconds,
+                                 uplink_bytes_per_second=ready.uplink_bytes_per_second)
+
     def step_done(self, step: int, samples: int, micro_batch: int, accumulation: int,
                   uploading: bool | None, memory_reserved: int | None = None) -> None:
         """A step finished (``uploading`` None: no remote store, so no upload backlog;

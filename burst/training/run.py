@@ -42,9 +42,8 @@ from torch.nn.modules.module import register_module_buffer_registration_hook
 from torch.utils.data import DataLoader
 
 from burst import events
-from burst.env import freeze
+from burst.env import freeze, stager
 from burst.errors import ConfigError, SnapshotError
-from burst.inputs import part as inputs_part
 from burst.parallel import partition
 from burst.parallel import state as dist_state
 from burst.parallel.group import Group, StepVote, unwrap
@@ -108,11 +107,6 @@ class Run:
     - ``recover(exc)`` turns a CUDA OOM or GPU failure caught by the framework into the
       emergency snapshot and returns the exit code to leave with.
 
-    ``inputs``: files, folders or ``s3://``/``oss://``/``gs://`` URLs the run reads (its
-    data set); burst also records what the process reads outside the project and the
-    environment, and ships both to the store for a node (``burst.inputs``; on a node,
-    ``burst.input_path(path)`` says where an input was placed).
-
     ``trackers`` (:mod:`burst.training.trackers`): TensorBoard, W&B and MLflow runs that
     continue after a resume, their state kept in each snapshot; add them after ``attach``.
 
@@ -159,7 +153,6 @@ class Run:
         memory_target: float | None = memory_control.DEFAULT_TARGET,
         memory_reader: memory_control.Reader | None = None,
         memory_rules: tuple[str, ...] | list[str] = (),
-        inputs: tuple[str | os.PathLike[str], ...] | list[str | os.PathLike[str]] = (),
     ) -> None:
         self.run_id = _run_id(run_id)
         # world_size=None: whatever torch.distributed runs (burst.parallel.init_from_env)
@@ -180,10 +173,6 @@ class Run:
         self.lineage = lineage.take(self.store, self.run_id) if self.rank == 0 else None
         self.local, self._uploads = _local_tier(self.store, self.run_id, local,
                                                 uploads=self.rank == 0)
-        # the data it reads travels with it (burst.inputs): declared, and recorded from now
-        self.inputs = inputs_part.declare(
-            self.store, self.run_id, inputs, code_dir=freeze.default_code_dir(),
-            environment=_disk_roots(self.store, self.local)) if self.rank == 0 else None
         self.total_epochs: int | None = None
         self.steps_per_epoch: int | None = None
         # intervals left out are chosen from measured costs (burst.training.adaptive)
@@ -244,6 +233,7 @@ class Run:
         self._memory_reader = memory_reader or memory_control.cuda_reader
         self._rechunking = False  # run.steps() owns the micro-batches: it may re-plan them
         self._live = LiveFigures(self.run_id)  # for the agent's exporter, if it asked
+        self._stager: stager.Stager | None = None  # pre-staging (burst.env.stager)
         self._publishing = self._group.is_writer and self._live.enabled  # asked once
         self._metrics = MetricBuffer(lambda points: self.record_event(MetricBuffer.EVENT,
                                                                 points=points))
@@ -292,6 +282,8 @@ class Run:
         self._watcher = self._watcher or preemption.start(self, self.max_lost_seconds)
         # environment + code, in a thread (fork-safe: burst.env.spawn); snapshots wait boundedly
         freeze.prefetch(self.store, self.run_id, local=self.local)
+        if self.rank == 0 and self._stager is None:  # the rest, throttled behind snapshots
+            self._stager = stager.for_run(self.store, self.run_id, self.local, self._live.readiness)
         manifest = dist_state.newest_manifest(  # rank 0 chooses; every rank reads that one
             self._group, self._newest_manifest,
             lambda step: reader.read_manifest(self.store, self.run_id, step))
@@ -693,6 +685,8 @@ class Run:
 
     def close(self) -> None:
         """Snapshot the final state and wait for it to be stored."""
+        if self._stager is not None:
+            self._stager.stop()  # returns at once: never holds up the final snapshot
         self._vote.drain()  # the last boundary's votes: the final snapshot serves them all
         self._capture("final", persist=True)
         try:
@@ -762,6 +756,8 @@ class Run:
         several ranks each rank queues its own piece, and rank 0 waits for the others' at
         most the grace period: a rank stuck in a collective never sends one, and the
         newest complete snapshot then stands."""
+        if self._stager is not None:
+            self._stager.stop()  # the emergency snapshot has the uplink to itself
         latest = self._tiers.latest
         if latest is None:
             return None
@@ -853,7 +849,6 @@ class Run:
         # a snapshot taken because something failed never waits for it
         wait = freeze.SNAPSHOT_WAIT_SECONDS if meta["reason"] in _ROUTINE_REASONS else 0.0
         frozen = freeze.freeze_run(self.store, self.run_id, local=self.local, wait=wait)
-        inputs_part.refresh(self.store, self.run_id)  # read something new: staged again
         return {**meta, "lockfile_hash": frozen.lockfile_hash, "code_ref": frozen.code_ref,
                 **({"freeze": "pending"} if frozen.pending else {})}
 
@@ -994,12 +989,6 @@ def _moved(said: adaptive.Intervals, now: adaptive.Intervals) -> bool:
 def _same_layout(copy: torch.Tensor | None, live: torch.Tensor) -> bool:
     return (copy is not None and copy.shape == live.shape and copy.dtype == live.dtype
             and copy.device == live.device)
-
-
-def _disk_roots(*stores: Store) -> list[str]:
-    """Stores on this machine's disk: what the run reads there is burst's, not input."""
-    roots = [getattr(store, "root", None) for store in stores]
-    return [os.fspath(root) for root in roots if isinstance(root, str | os.PathLike)]
 
 
 def _run_id(run_id: str | None) -> str:
