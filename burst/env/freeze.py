@@ -34,6 +34,7 @@ from burst import events
 from burst.env import codearchive, lockfile, wheelhouse
 from burst.env.redact import scrub_text
 from burst.errors import BurstError
+from burst.inputs import part as inputs_part
 from burst.snapshot import reader as snapshot
 from burst.store import is_local
 from burst.store.base import Store
@@ -77,6 +78,9 @@ def freeze(store: Store, run_id: str, *, code_dir: Path | str | None = None,
         result.code_ref, result.code_new = codearchive.upload(store, run_id, captured)
     if wheels is not None:
         result.wheelhouse = wheelhouse.ensure(store, run_id, lock, wheels, say=say)
+    declared = inputs_part.InputsPart(run_id, record=False, code_dir=root,
+                                      **({"say": say} if say else {}))
+    declared.stage(store)  # [inputs] paths and $BURST_INPUTS: a training run records more
     events.record(store, run_id, "freeze", lockfile_hash=digest,
                   code_archive=(result.code_ref or {}).get("archive"),
                   code_skipped=(result.code_ref or {}).get("skipped", []))
@@ -272,6 +276,10 @@ def _upload_quietly(store: Store, run_id: str, lock: lockfile.Lockfile,
             _, result.code_new = codearchive.upload(store, run_id, captured)
         except Exception as error:
             _failed(store, run_id, "code", error, result)
+    problem = inputs_part.stage_quietly(store, run_id, captured.root if captured else None,
+                                        captured.tar_gz if captured else None)
+    if problem:
+        _failed(store, run_id, "inputs", BurstError(problem), result)
     _wheelhouse_quietly(store, run_id, lock, result)
     # no success event: every manifest names the freeze; only failures are news
 

@@ -44,6 +44,7 @@ from torch.utils.data import DataLoader
 from burst import events
 from burst.env import freeze, stager
 from burst.errors import ConfigError, SnapshotError
+from burst.inputs import part as inputs_part
 from burst.parallel import partition
 from burst.parallel import state as dist_state
 from burst.parallel.group import Group, StepVote, unwrap
@@ -107,6 +108,11 @@ class Run:
     - ``recover(exc)`` turns a CUDA OOM or GPU failure caught by the framework into the
       emergency snapshot and returns the exit code to leave with.
 
+    ``inputs``: files, folders or ``s3://``/``oss://``/``gs://`` URLs the run reads (its
+    data set); burst also records what the process reads outside the project and the
+    environment, and ships both to the store for a node (``burst.inputs``; on a node,
+    ``burst.input_path(path)`` says where an input was placed).
+
     ``trackers`` (:mod:`burst.training.trackers`): TensorBoard, W&B and MLflow runs that
     continue after a resume, their state kept in each snapshot; add them after ``attach``.
 
@@ -153,6 +159,7 @@ class Run:
         memory_target: float | None = memory_control.DEFAULT_TARGET,
         memory_reader: memory_control.Reader | None = None,
         memory_rules: tuple[str, ...] | list[str] = (),
+        inputs: tuple[str | os.PathLike[str], ...] | list[str | os.PathLike[str]] = (),
     ) -> None:
         self.run_id = _run_id(run_id)
         # world_size=None: whatever torch.distributed runs (burst.parallel.init_from_env)
@@ -173,6 +180,10 @@ class Run:
         self.lineage = lineage.take(self.store, self.run_id) if self.rank == 0 else None
         self.local, self._uploads = _local_tier(self.store, self.run_id, local,
                                                 uploads=self.rank == 0)
+        # the data it reads travels with it (burst.inputs): declared, and recorded from now
+        self.inputs = inputs_part.declare(
+            self.store, self.run_id, inputs, code_dir=freeze.default_code_dir(),
+            environment=_disk_roots(self.store, self.local)) if self.rank == 0 else None
         self.total_epochs: int | None = None
         self.steps_per_epoch: int | None = None
         # intervals left out are chosen from measured costs (burst.training.adaptive)
@@ -849,6 +860,7 @@ class Run:
         # a snapshot taken because something failed never waits for it
         wait = freeze.SNAPSHOT_WAIT_SECONDS if meta["reason"] in _ROUTINE_REASONS else 0.0
         frozen = freeze.freeze_run(self.store, self.run_id, local=self.local, wait=wait)
+        inputs_part.refresh(self.store, self.run_id)  # read something new: staged again
         return {**meta, "lockfile_hash": frozen.lockfile_hash, "code_ref": frozen.code_ref,
                 **({"freeze": "pending"} if frozen.pending else {})}
 
@@ -989,6 +1001,12 @@ def _moved(said: adaptive.Intervals, now: adaptive.Intervals) -> bool:
 def _same_layout(copy: torch.Tensor | None, live: torch.Tensor) -> bool:
     return (copy is not None and copy.shape == live.shape and copy.dtype == live.dtype
             and copy.device == live.device)
+
+
+def _disk_roots(*stores: Store) -> list[str]:
+    """Stores on this machine's disk: what the run reads there is burst's, not input."""
+    roots = [getattr(store, "root", None) for store in stores]
+    return [os.fspath(root) for root in roots if isinstance(root, str | os.PathLike)]
 
 
 def _run_id(run_id: str | None) -> str:
