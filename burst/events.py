@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import secrets
 import socket
@@ -180,4 +181,66 @@ def _parse(line: str) -> dict | None:
         event = json.loads(line)
     except (ValueError, RecursionError):  # RecursionError: nested too deeply to be an event
         return None
-    return event if isinstance(event, dict) else None
+    return event if isinstance(event, dict) and _typed(event) else None
+
+
+# The largest magnitude a number in an event may have: beyond it a float loses whole
+# seconds and bytes, and an int past a float's range fails every reader's arithmetic.
+_MAX_NUMBER = 2**63
+
+
+def _typed(event: dict) -> bool:
+    """Whether every field a reader computes with has the type it computes with.
+
+    Readers (status, report, the planner, the agent) do arithmetic on times, steps,
+    metric points and GPU samples, so a line with a string, list, null, bool or
+    overflowing number in one of those places is not an event: checked once here, where
+    every history is read, instead of guarded in each reader. Fields nobody computes
+    with are left as they are (they are only shown)."""
+    if not isinstance(event.get("event"), str) or not _is_time(event.get("time")):
+        return False
+    if not all(_is_int(event.get(name)) for name in _COUNTS if event.get(name) is not None):
+        return False
+    if "threshold" in event and not _is_number(event["threshold"]):
+        return False
+    points, gpus = event.get("points", []), event.get("gpus", [])
+    return (isinstance(points, list) and all(_is_point(p) for p in points)
+            and isinstance(gpus, list) and all(_is_gpu(g) for g in gpus))
+
+
+_COUNTS = ("step", "attempt", "gpu")  # whole numbers where present (null: not known)
+
+
+def _is_time(value: object) -> bool:
+    if not isinstance(value, str):
+        return False
+    try:
+        datetime.fromisoformat(value).timestamp()
+    except (ValueError, OverflowError, OSError):
+        return False
+    return True
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int and abs(value) < _MAX_NUMBER
+
+
+def _is_number(value: object, *, minimum: float = -_MAX_NUMBER) -> bool:
+    if type(value) is int:
+        return minimum <= value < _MAX_NUMBER
+    return type(value) is float and math.isfinite(value) and minimum <= value < _MAX_NUMBER
+
+
+def _is_point(point: object) -> bool:
+    """One metrics point: a time (seconds since the epoch), a step, numbers logged."""
+    return (isinstance(point, dict) and _is_number(point.get("t"), minimum=0)
+            and _is_int(point.get("step"))
+            and all(_is_number(point[k]) for k in ("loss", "samples")
+                    if point.get(k) is not None))
+
+
+def _is_gpu(gpu: object) -> bool:
+    """One GPU of a sample: its index and memory figures in bytes."""
+    return (isinstance(gpu, dict) and _is_int(gpu.get("index", 0))
+            and all(_is_number(gpu.get(k, 0), minimum=0)
+                    for k in ("memory_used", "memory_total")))

@@ -16,9 +16,9 @@ def write(store, lines: list[dict]) -> None:
 
 def test_merging_keeps_both_sides_events_in_time_order(tmp_path):
     laptop, bucket = MemoryStore("laptop-merge"), MemoryStore("bucket-merge")
-    write(laptop, [{"time": "T1", "event": "start"}, {"time": "T3", "event": "failure"}])
-    write(bucket, [{"time": "T1", "event": "start"}, {"time": "T2", "event": "snapshot"},
-                   {"time": "T4", "event": "node-start"}])
+    write(laptop, [{"time": "2026-01-01T00:00:01.000+00:00", "event": "start"}, {"time": "2026-01-01T00:00:03.000+00:00", "event": "failure"}])
+    write(bucket, [{"time": "2026-01-01T00:00:01.000+00:00", "event": "start"}, {"time": "2026-01-01T00:00:02.000+00:00", "event": "snapshot"},
+                   {"time": "2026-01-01T00:00:04.000+00:00", "event": "node-start"}])
     assert events.merge(laptop, bucket, "r") is True
     assert [e["event"] for e in events.read(bucket, "r")] == [
         "start", "snapshot", "failure", "node-start"]
@@ -27,8 +27,8 @@ def test_merging_keeps_both_sides_events_in_time_order(tmp_path):
 
 def test_events_of_the_same_millisecond_keep_their_written_order():
     here, there = MemoryStore("here-merge"), MemoryStore("there-merge")
-    write(here, [{"time": "T1", "event": "schedule-backup"},
-                 {"time": "T1", "event": "schedule-decision"}])
+    write(here, [{"time": "2026-01-01T00:00:01.000+00:00", "event": "schedule-backup"},
+                 {"time": "2026-01-01T00:00:01.000+00:00", "event": "schedule-decision"}])
     events.merge(here, there, "r")
     assert [e["event"] for e in events.read(there, "r")] == ["schedule-backup",
                                                              "schedule-decision"]
@@ -39,8 +39,8 @@ BAD_LINES = ('{"a":' * 50000 + "\n" + "not json\n" + "[1, 2]\n").encode()
 
 def test_lines_that_are_not_events_are_skipped_with_one_warning_counting_them():
     store = MemoryStore("bad-lines")
-    store.put(events.key("r"), b'{"time": "T1", "event": "start"}\n' + BAD_LINES
-              + b'{"time": "T2", "event": "resume"}\n')
+    store.put(events.key("r"), b'{"time": "2026-01-01T00:00:01.000+00:00", "event": "start"}\n' + BAD_LINES
+              + b'{"time": "2026-01-01T00:00:02.000+00:00", "event": "resume"}\n')
     with pytest.warns(RuntimeWarning, match="skipped 3 line") as caught:
         history = events.read(store, "r")
     assert [e["event"] for e in history] == ["start", "resume"]
@@ -49,11 +49,11 @@ def test_lines_that_are_not_events_are_skipped_with_one_warning_counting_them():
 
 def test_merging_leaves_lines_that_are_not_events_behind():
     here, there = MemoryStore("here-bad"), MemoryStore("there-bad")
-    here.put(events.key("r"), b'{"time": "T1", "event": "start"}\n' + BAD_LINES)
+    here.put(events.key("r"), b'{"time": "2026-01-01T00:00:01.000+00:00", "event": "start"}\n' + BAD_LINES)
     with pytest.warns(RuntimeWarning, match="skipped 3 line"):
         assert events.merge(here, there, "r") is True
     [own] = there.list(events.history_prefix("r"))
-    assert there.get(own) == b'{"time": "T1", "event": "start"}\n'
+    assert there.get(own) == b'{"time": "2026-01-01T00:00:01.000+00:00", "event": "start"}\n'
 
 
 def test_an_object_store_is_never_read_modify_written_in_a_shared_object():
@@ -80,9 +80,9 @@ def test_a_local_store_keeps_appending_to_its_one_file(tmp_path):
 
 def test_a_line_in_two_history_objects_is_read_once():
     bucket = MemoryStore("read-once")
-    line = b'{"time": "T1", "event": "node-exit", "returncode": 87}\n'
+    line = b'{"time": "2026-01-01T00:00:01.000+00:00", "event": "node-exit", "returncode": 87}\n'
     bucket.put(events.writer_key("r", "a"), line)
-    bucket.put(events.writer_key("r", "b"), line + b'{"time": "T2", "event": "x"}\n')
+    bucket.put(events.writer_key("r", "b"), line + b'{"time": "2026-01-01T00:00:02.000+00:00", "event": "x"}\n')
     assert [e["event"] for e in events.read(bucket, "r")] == ["node-exit", "x"]
     assert events.exists(bucket, "r") and not events.exists(bucket, "other")
 

@@ -435,3 +435,62 @@ def test_gc_sweeps_a_stale_temporary_left_in_the_store(tmp_path: Path) -> None:
     code, output = _cli("gc", RUN, "--store", str(store.root))
     assert code == 0, output
     assert not stale.exists()
+
+
+_NOW = "2026-01-01T00:00:00.000+00:00"
+
+
+@pytest.mark.parametrize("line", [
+    {"time": _NOW, "event": "metrics", "points": [{"t": "x", "step": 1, "loss": 1.0}]},  # str
+    {"time": _NOW, "event": "gpu-sample", "gpus": [[1, 2]]},  # a list where a dict is
+    {"time": None, "event": "start"},  # null
+    {"time": _NOW, "event": "metrics", "points": [{"t": 10**400, "step": 1, "loss": 1.0}]},
+    {"time": _NOW, "event": "memory-alert", "threshold": {"a": {"b": 1}}},  # nested object
+    {"time": True, "event": "start"},  # a bool
+    {"time": -1, "event": "start"},  # a negative time
+], ids=["string", "list", "null", "huge-int", "nested", "bool", "negative-time"])
+def test_an_event_with_a_field_of_the_wrong_type_costs_a_warning_not_the_command(
+        tmp_path: Path, line: dict) -> None:
+    store = _good_run(tmp_path / "store")
+    store.append(f"{RUN}/events.jsonl", json.dumps(line).encode() + b"\n")
+    with pytest.warns(RuntimeWarning, match="skipped 1 line"):
+        assert [e["event"] for e in events.read(store, RUN)][-1] == "snapshot"
+    url = str(store.root)
+    for args in (["status", RUN, "--store", url],
+                 ["report", RUN, "--store", url, "--out", str(tmp_path / "report")]):
+        code, output = _cli(*args)
+        assert code == 0, (args, output)
+
+
+def test_a_manifest_whose_batch_is_not_an_object_is_refused_in_one_line(
+        tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+    _rewrite(store, lambda m: m.update(batch=[2, 2]))
+    url = str(store.root)
+    for args in (["status", RUN, "--store", url], ["verify", RUN, "--store", url],
+                 ["report", RUN, "--store", url, "--out", str(tmp_path / "report")]):
+        code, output = _cli(*args)
+        assert code == 1 and "'batch'" in output, (args, output)
+        assert len(output.strip().splitlines()) == 1, output
+
+
+CLIPBOARD = "\x1b]52;c;cm0gLXJmIH4=\x07"  # OSC 52: writes the terminal's clipboard
+CLEAR = "\x1b[2J\x9b2J"  # CSI 2J (7-bit and 8-bit): clears the screen
+
+
+def test_escape_sequences_a_store_holds_never_reach_the_terminal(tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+    _rewrite(store, lambda m: m.update(reason=CLIPBOARD, card=CLEAR, time=CLEAR))
+    events.append(store, RUN, "failure", kind=CLIPBOARD, step=0, message=CLEAR)
+    url = str(store.root)
+    for args in (["ls", "--store", url], ["ls", RUN, "--store", url],
+                 ["status", "--store", url], ["status", RUN, "--store", url],
+                 ["status", RUN, "--store", url, "--once"],
+                 ["show", RUN, "--store", url], ["verify", RUN, "--store", url],
+                 ["status", RUN, "--store", url, "--json"],
+                 ["report", RUN, "--store", url, "--out", str(tmp_path / "report")]):
+        code, output = _cli(*args)
+        assert code == 0, (args, output)
+        assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", output), (args, output)
+    code, output = _cli("ls", RUN, "--store", url)
+    assert "\\x1b]52;c;cm0gLXJmIH4=\\x07" in output  # shown, as an escape, not acted on

@@ -66,7 +66,9 @@ def _internal(error: Exception) -> str:
 
 
 def _one_line(message: str) -> str:
-    return _scrubbed(" ".join(message.split()))
+    from burst.cli.console import shown  # a store's words in an error: displayed, not acted on
+
+    return shown(_scrubbed(" ".join(message.split())))
 
 
 def _scrubbed(message: str) -> str:

@@ -45,7 +45,9 @@ def report(run_id: str, store_url: str, local_url: str, out_dir: Path | None,
         return
     facts = ", ".join(f"{k} {v}" for k, v in written.summary.items()
                       if k in ("final step", "snapshots", "failures", "resumes"))
-    click.echo(f"wrote {written.html} ({facts})")
+    from burst.cli.console import shown
+
+    click.echo(shown(f"wrote {written.html} ({facts})"))
 
 
 def _holds(store: Store, run_id: str) -> bool:

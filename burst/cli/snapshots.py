@@ -37,14 +37,14 @@ def list_snapshots(run_id: str | None, store_url: str, settings: dict, as_json: 
         raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")
     from rich.table import Table
 
-    from burst.cli.console import make_console
+    from burst.cli.console import cell, make_console
 
-    table = Table(title=f"snapshots of {run_id}")
+    table = Table(title=cell(f"snapshots of {run_id}"))
     for column in ("step", "epoch", "time", "size", "new bytes", "reason"):
         table.add_column(column, justify="left" if column in ("time", "reason") else "right")
     for row in rows:
-        table.add_row(str(row["step"]), str(row["epoch"]), row["time"], human_bytes(row["bytes"]),
-                      human_bytes(row["new_bytes"]), row["reason"])
+        table.add_row(str(row["step"]), cell(row["epoch"]), cell(row["time"]),
+                      human_bytes(row["bytes"]), human_bytes(row["new_bytes"]), cell(row["reason"]))
     make_console().print(table)
 
 
@@ -52,20 +52,20 @@ def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(runs, indent=1))
         return
+    from burst.cli.console import cell, make_console, shown
+
     if not runs:
-        click.echo(f"no runs in {where}")
+        click.echo(shown(f"no runs in {where}"))
         return
     from rich.table import Table
 
-    from burst.cli.console import make_console
-
-    table = Table(title=f"runs in {where}")
+    table = Table(title=cell(f"runs in {where}"))
     for column in ("run", "snapshots", "newest step", "time", "reason"):
         table.add_column(column, justify="right" if column in ("snapshots", "newest step")
                          else "left")
     for run in runs:
-        table.add_row(run["run"], str(run["snapshots"]), str(run["newest_step"]), run["time"],
-                      run["reason"])
+        table.add_row(cell(run["run"]), str(run["snapshots"]), str(run["newest_step"]),
+                      cell(run["time"]), cell(run["reason"]))
     make_console().print(table)
 
 
@@ -103,12 +103,14 @@ def verify(run_id: str, step: int | None, every: bool, store_url: str, settings:
             results.append(_verify_one(store, run_id, one, progress))
     if as_json:
         click.echo(json.dumps(results, indent=1))
+    from burst.cli.console import shown
+
     for r in results if not as_json else ():
         if r["ok"]:
             click.echo(f"ok: {run_id} step {r['step']}: {r['blobs']} blobs, {r['tensors']} "
                        f"tensors, {human_bytes(r['bytes'])}")
         else:
-            click.echo(f"FAILED: {run_id} step {r['step']}: {r['error']}")
+            click.echo(shown(f"FAILED: {run_id} step {r['step']}: {r['error']}"))
     failed = [r for r in results if not r["ok"]]
     if failed:
         raise SnapshotError(f"{len(failed)} of {len(results)} snapshot(s) of {run_id!r} failed "

@@ -9,7 +9,7 @@ import json
 
 import click
 
-from burst.cli.console import human_age, make_console
+from burst.cli.console import cell, human_age, make_console
 from burst.cli.options import json_option, local_option, store_option
 from burst.errors import BurstError
 from burst.resume.status import intervals_line, run_status
@@ -70,15 +70,14 @@ def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(runs, indent=1))
         return
-    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=escape(f"runs in {where}"))
+    table = Table(title=cell(f"runs in {where}"))
     for column in ("run", "snapshots", "newest step", "time", "reason"):
         table.add_column(column)
     for run in runs:
-        table.add_row(escape(run["run"]), str(run["snapshots"]), str(run["newest_step"]),
-                      str(run["time"]), str(run["reason"]))
+        table.add_row(cell(run["run"]), str(run["snapshots"]), str(run["newest_step"]),
+                      cell(run["time"]), cell(run["reason"]))
     make_console().print(table)
 
 
@@ -86,7 +85,6 @@ def _print_machine(claims: list[Claim], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps([c.as_dict() for c in claims], indent=1))
         return
-    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="runs sharing this machine's GPU memory")
@@ -94,49 +92,48 @@ def _print_machine(claims: list[Claim], as_json: bool) -> None:
         table.add_column(column)
     for claim in claims:
         state = "pausing" if claim.pause_requested else claim.state
-        table.add_row(escape(claim.run_id), str(claim.pid), human_bytes(claim.quota),
-                      claim.priority_name, state)
+        table.add_row(cell(claim.run_id), str(claim.pid), human_bytes(claim.quota),
+                      cell(claim.priority_name), cell(state))
     make_console().print(table)
 
 
 def _print(status: dict) -> None:
-    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=escape(f"{status['run']} in {status['store']}"), show_header=False)
+    table = Table(title=cell(f"{status['run']} in {status['store']}"), show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
     where = status["where"]
-    table.add_row("where", escape(f"{where['place']}: {where['state']}"
+    table.add_row("where", cell(f"{where['place']}: {where['state']}"
                                   + (f" ({where['detail']})" if where.get("detail") else "")
                                   + (f" since {where['since']}" if where.get("since") else "")))
     snap = status["snapshot"]
     if snap:
         age = snap["age_seconds"]
-        table.add_row("snapshot", escape(
+        table.add_row("snapshot", cell(
             f"step {snap['step']} (epoch {snap['epoch']}, {snap['reason']}), "
             f"{human_age(age)} ago{'' if snap['in_store'] else ', local only'}"))
     else:
         table.add_row("snapshot", "none")
     if status.get("intervals"):
-        table.add_row("intervals", escape(intervals_line(status["intervals"])))
+        table.add_row("intervals", cell(intervals_line(status["intervals"])))
     pending = status["pending_uploads"]
-    table.add_row("pending uploads", ", ".join(map(str, pending)) if pending else "none")
+    table.add_row("pending uploads", cell(", ".join(map(str, pending))) if pending else "none")
     failure = status["last_failure"]
-    table.add_row("last failure", escape(
+    table.add_row("last failure", cell(
         f"{failure['kind']} at step {failure['step']}: {failure['reason']} ({failure['time']})")
         if failure else "none")
     plan = status["plan"]
-    table.add_row("plan in force", escape(", ".join(f"{k}={v}" for k, v in plan.items()))
+    table.add_row("plan in force", cell(", ".join(f"{k}={v}" for k, v in plan.items()))
                   if plan else "none")
     ready = status.get("readiness")
-    table.add_row("readiness", escape(ready["line"]) if ready else "not published (no stager "
+    table.add_row("readiness", cell(ready["line"]) if ready else "not published (no stager "
                   "ran: a run started before pre-staging, or it has not attached yet)")
     job = status.get("job")
     if job:
         state = (f"ended (exit {job['returncode']})" if job["ended"] else
                  f"detached: burst resume {status['run']} --attach follows it")
-        table.add_row("ssh job", escape(f"{job['where']} (pid {job['pid']}), {state}"))
+        table.add_row("ssh job", cell(f"{job['where']} (pid {job['pid']}), {state}"))
     make_console().print(table)
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import click
 
-from burst.cli.console import human_age, make_console
+from burst.cli.console import cell, human_age, make_console, shown
 from burst.errors import BurstError
 from burst.snapshot.catalog import human_bytes
 
@@ -57,7 +57,7 @@ def _plain(view: dict[str, Any], as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(view, default=str, sort_keys=True))
     else:
-        click.echo("\n".join(lines(view)))
+        click.echo("\n".join(shown(line) for line in lines(view)))
     click.get_text_stream("stdout").flush()
 
 
@@ -94,19 +94,18 @@ def lines(view: dict[str, Any]) -> list[str]:
 def render(view: dict[str, Any]) -> Any:
     """The view as rich renderables: the fields, then the recent events."""
     from rich.console import Group
-    from rich.markup import escape
     from rich.table import Table
 
-    table = Table(title=escape(f"{view.get('run', '')} in {view.get('store', '')} "
+    table = Table(title=cell(f"{view.get('run', '')} in {view.get('store', '')} "
                                f"({view.get('time', '')})"), show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
     for what, value in fields(view):
-        table.add_row(what, escape(value))
+        table.add_row(what, cell(value))
     recent = Table(title="last events", show_header=False, show_edge=False)
     recent.add_column("event")
     for event in view.get("events") or []:
-        recent.add_row(escape(_event(event)))
+        recent.add_row(cell(_event(event)))
     return Group(table, recent)
 
 

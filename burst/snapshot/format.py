@@ -199,6 +199,7 @@ def parse_manifest(data: bytes, *, run_id: str | None = None, step: int | None =
                         ("state", dict)):
         if not isinstance(manifest.get(field), kind):
             raise SnapshotError(f"{source} lacks a valid {field!r} field")
+    _check_sections(manifest, source)
     if run_id is not None and manifest["run_id"] != run_id:
         raise SnapshotError(f"{source} belongs to run {manifest['run_id']!r}, not {run_id!r}")
     if not _is_count(manifest["step"]) or manifest["step"] >= MAX_STEP:
@@ -214,6 +215,27 @@ def parse_manifest(data: bytes, *, run_id: str | None = None, step: int | None =
     _check_blobs(manifest["blobs"], source)
     _check_tensors(manifest["tensors"], manifest["blobs"], version, source)
     return manifest
+
+
+# Optional sections that status, report and the planner read as objects; the batch
+# layout's members are counts they compute with.
+SECTIONS = ("batch", "counters", "amp", "intervals", "versions", "memory")
+BATCH_COUNTS = ("global", "micro", "accumulation", "world_size")
+
+
+def _check_sections(manifest: dict, source: str) -> None:
+    """Refuse a section of the wrong type here, once, rather than in every reader."""
+    for field in SECTIONS:
+        if manifest.get(field) is not None and not isinstance(manifest[field], dict):
+            raise SnapshotError(f"{source} has a malformed {field!r} field (not an object)")
+    batch = manifest.get("batch") or {}
+    for name in BATCH_COUNTS:
+        value = batch.get(name)
+        if value is not None and not (_is_count(value) and value < MAX_STEP):
+            raise SnapshotError(f"{source} has a malformed 'batch' field ({name} is "
+                                f"{value!r}, not a count)")
+    if manifest.get("time") is not None and not isinstance(manifest["time"], str):
+        raise SnapshotError(f"{source} has a malformed 'time' field (not a string)")
 
 
 def _reject_constant(name: str) -> None:
