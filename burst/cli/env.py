@@ -67,7 +67,7 @@ def freeze_command(run_id: str | None, store_url: str, code_dir: Path | None, no
         if not output:
             click.echo(lock.dumps().decode(), nl=False)
         return
-    target = wheel_target(store, lock, wheels, wheels_machine, torch_variant)
+    target = wheel_target(store, run_id, lock, wheels, wheels_machine, torch_variant)
     result = freeze.freeze(store, run_id, code_dir=root, code=not no_code,
                            max_code_bytes=max_code_bytes, lock=lock, wheels=target,
                            say=lambda line: click.echo(line, err=True))

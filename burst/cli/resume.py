@@ -23,6 +23,8 @@ from burst.cli.options import (
     store_option,
 )
 from burst.cli.plan import OFFLINE_ENV
+from burst.cli.wheels import wheels_options
+from burst.env import wheelchoice
 from burst.errors import BurstError, ConfigError
 from burst.launch import Launcher, Reporter
 from burst.launch.local import Faults, LocalLauncher
@@ -85,6 +87,9 @@ def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool
         temporary_credentials=bool(options.get("allow_temporary_credentials")),
         private_endpoints=bool(options.get("allow_private_endpoints"))
         or _shares_network(str(options["to"])),
+        to=str(options["to"]),
+        wheels=wheelchoice.Choice(options.get("wheels"), options.get("wheels_machine"),
+                                  options.get("torch_variant")),
     )
 
 
@@ -166,6 +171,7 @@ def _shares_network(to: str) -> bool:
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None)
 @click.option("--offline", is_flag=True, help="Embedded card table only (no SkyPilot catalog).")
 @click.option("--dry-run", is_flag=True, help="Plan, render, validate, print; launch nothing.")
+@wheels_options
 @store_option
 @local_option
 @click.argument("command", nargs=-1, type=click.UNPROCESSED)
@@ -237,6 +243,8 @@ def show(prepared: resume.Prepared, launcher: Launcher, console: Console) -> Non
                   f"{str(env.get('code'))[:12]}")
     if env.get("node_python"):
         console.print(f"node python: {escape(str(env['node_python']))}")
+    if env.get("wheelhouse"):
+        console.print(f"wheelhouse: {escape(str(env['wheelhouse']))}")
     table = Table(title="candidates, in failover order")
     for column in ("#", "card", "GPUs", "where", "spot", "micro", "accum", "AMP", "$/h"):
         table.add_column(column)

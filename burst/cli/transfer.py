@@ -50,7 +50,7 @@ def _push_wheels(remote: Store, run_id: str, policy: str | None, machine: str | 
         lock, _ = freeze.load_frozen(remote, run_id)
     except LockfileError:
         return False
-    target = wheel_target(remote, lock, policy, machine, torch_variant)
+    target = wheel_target(remote, run_id, lock, policy, machine, torch_variant)
     if target is None:
         return False
     say = (lambda _line: None) if quiet else (lambda line: click.echo(line, err=True))

@@ -8,15 +8,16 @@ from typing import Any
 
 import click
 
-from burst.env import lockfile, wheelhouse
+from burst.env import lockfile, wheelchoice, wheelhouse
 from burst.snapshot.catalog import human_bytes
 from burst.store import Store, is_local
 
 WHEELS_HELP = ("Store the lockfile's wheels for the node: all (torch too: a node needs no "
                "index, but a CUDA torch and its libraries add 3-4 GB to the store, uploaded "
                "once per store), no-torch (torch comes from a mirror on the node: "
-               "$BURST_TORCH_INDEX), none. Default: $BURST_WHEELS or all for a remote store, "
-               "none for a local one.")
+               "$BURST_TORCH_INDEX), none. Recorded for the run: burst resume builds the "
+               "same unless told otherwise. Default: what was chosen before, else "
+               "$BURST_WHEELS, else all for a remote store, none for a local one.")
 
 
 def wheels_options(fn: Any) -> Any:
@@ -30,15 +31,13 @@ def wheels_options(fn: Any) -> Any:
                         default=None, help=WHEELS_HELP)(fn)
 
 
-def wheel_target(store: Store, lock: lockfile.Lockfile, policy: str | None,
+def wheel_target(store: Store, run_id: str, lock: lockfile.Lockfile, policy: str | None,
                  machine: str | None, torch_variant: str | None) -> wheelhouse.Target | None:
-    """The wheelhouse to build for ``store``, or None for none."""
-    if policy is None:
-        policy = "none" if is_local(store) else wheelhouse.default_policy()
-    if policy == "none":
-        return None
-    return wheelhouse.target_for(lock, machine=machine, policy=policy,
-                                 torch_variant=torch_variant)
+    """The wheelhouse to build for ``store``, or None for none; the choice is recorded
+    for the run, so ``burst resume`` builds the same (:mod:`burst.env.wheelchoice`)."""
+    return wheelchoice.choose(store, run_id, lock,
+                              wheelchoice.Choice(policy, machine, torch_variant),
+                              local=is_local(store))
 
 
 def describe_wheels(uploaded: wheelhouse.Uploaded | None) -> str:

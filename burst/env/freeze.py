@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from burst import events
-from burst.env import codearchive, lockfile, wheelhouse
+from burst.env import codearchive, lockfile, wheelchoice, wheelhouse
 from burst.env.redact import scrub_text
 from burst.errors import BurstError
 from burst.inputs import part as inputs_part
@@ -289,13 +289,16 @@ def _wheelhouse_quietly(store: Store, run_id: str, lock: lockfile.Lockfile,
     """The run's wheels, for a remote store only: a local one is the local tier, and
     ``burst push`` builds the wheelhouse where it pushes (``$BURST_WHEELS=none``: never)."""
     try:
-        if is_local(store) or wheelhouse.default_policy() == "none":
+        if is_local(store):
+            return
+        choice = wheelchoice.in_effect(store, run_id)  # burst push --wheels no-torch holds
+        if (choice.policy or "all") == "none":
             return
         with _GUARD:
             if (store.url, run_id) in _STAGED:
                 return
         result.wheelhouse = wheelhouse.ensure(store, run_id, lock,
-                                              wheelhouse.target_for(lock))
+                                              wheelchoice.target(choice, lock, "all"))
     except Exception as error:
         _failed(store, run_id, "wheelhouse", error, result)
 

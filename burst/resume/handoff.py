@@ -40,7 +40,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from burst import events
-from burst.env import codearchive, freeze, interpreter
+from burst.env import codearchive, freeze, interpreter, wheelchoice
 from burst.env import wheelhouse as wheels
 from burst.env.lockfile import Lockfile, LockfileError
 from burst.errors import BurstError, ConfigError, SnapshotError
@@ -56,7 +56,7 @@ from burst.launch.task import (
 )
 from burst.plan import planner
 from burst.plan.replan import Replan, replan
-from burst.resume import bucket_region, entrypoint, mirrors, reach, restarts
+from burst.resume import bucket_region, entrypoint, mirrors, reach, restarts, wheelpolicy
 from burst.resume import status as run_status
 from burst.resume.node import PLAN_AMP_ENV, PLAN_MARGIN_ENV, PLAN_MICRO_ENV
 from burst.snapshot import reader as snapshot
@@ -106,6 +106,8 @@ class Request:
     dry_run: bool = False  # show everything, change nothing (no push, no launch)
     temporary_credentials: bool = False  # True: forward a session token, with a warning
     private_endpoints: bool = False  # True: the node shares this network (reach.FLAG)
+    to: str = "skypilot"  # the launcher: skypilot, local, ssh://... (the wheelhouse default)
+    wheels: wheelchoice.Choice = field(default_factory=wheelchoice.Choice)  # --wheels ...
 
 
 @dataclass
@@ -186,7 +188,9 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
         for forwarded in (mirror_envs, mirror_secrets):
             warnings += reach.drop_mirrors(forwarded, request.private_endpoints)
     if request.software.python is None:  # the node bootstraps: it needs the wheelhouse
-        warnings += ensure_wheelhouse(store, request, lock, say)
+        warnings += ensure_wheelhouse(store, request, lock, say,
+                                      wheel_decision(store, request, lock, candidates,
+                                                     environment, envs))
         warnings += ensure_node_python(store, request, lock, candidates, environment, say)
         envs.update(mirror_envs)
         secrets.update(mirror_secrets)
@@ -333,13 +337,36 @@ def travel(store: Store, run_id: str, code_ref: dict[str, Any] | None,
                                    exists=os.path.isdir, same=same)
 
 
+def wheel_decision(store: Store, request: Request, lock: Lockfile | None,
+                   candidates: Sequence[planner.Plan], environment: dict[str, Any],
+                   envs: dict[str, str]) -> wheelpolicy.Decision | None:
+    """The wheelhouse the node gets (:mod:`burst.resume.wheelpolicy`), said in the
+    environment record and passed on to the node, whose own freeze stores wheels the same
+    way; a choice on this command line is recorded for the next resume."""
+    if lock is None:
+        return None
+    if not request.wheels.empty and not request.dry_run:
+        wheelchoice.record(store, request.run_id, request.wheels)
+    decision = wheelpolicy.decide(
+        lock, flags=request.wheels, recorded=wheelchoice.recorded(store, request.run_id),
+        stored=wheels.load_index(store, request.run_id, lock.digest), candidates=candidates,
+        to=request.to)
+    environment["wheelhouse"] = decision.why
+    target = decision.target
+    envs.update({wheels.POLICY_ENV: target.policy, wheels.MACHINE_ENV: target.machine})
+    if target.torch_variant:
+        envs[wheels.TORCH_VARIANT_ENV] = target.torch_variant
+    return decision
+
+
 def ensure_wheelhouse(store: Store, request: Request, lock: Lockfile | None,
-                      say: Callable[[str], None]) -> list[str]:
+                      say: Callable[[str], None],
+                      decision: wheelpolicy.Decision | None = None) -> list[str]:
     """Make sure the store holds the wheelhouse the node's bootstrap installs from (built
     here, where a package index is reachable); a dry run only says whether it is there."""
     if lock is None:
         return []
-    target = wheels.target_for(lock)
+    target = decision.target if decision is not None else wheels.target_for(lock)
     if target.policy == "none":
         return [f"${wheels.POLICY_ENV}=none: no wheelhouse, the node needs a package mirror "
                 "($BURST_INDEX_URL) for burst and every dependency"]
