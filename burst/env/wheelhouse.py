@@ -38,6 +38,7 @@ import shutil
 import socket
 import sys
 import tempfile
+import threading
 import zipfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -55,8 +56,9 @@ from burst.env import lockfile, pkgindex, spawn, torchvariant
 from burst.env.lockfile import TORCH_FAMILY, Lockfile, Package
 from burst.env.redact import strip_url
 from burst.errors import BurstError, ConfigError
-from burst.store.base import Store, check_key
-from burst.store.retry import retrying
+from burst.store.base import Pace, Store, check_key
+from burst.store.files import upload_files
+from burst.store.retry import DEFAULT_RETRY, RetryPolicy, retrying
 
 FORMAT = 1
 POLICIES = ("all", "no-torch", "none")
@@ -953,26 +955,38 @@ class Uploaded:
     wheels_present: int = 0
     index_key: str = ""
     index: dict[str, Any] = field(default_factory=dict)
+    stopped: bool = False  # upload's ``stop`` was set: wheels are missing, no index written
 
 
-def upload(store: Store, run_id: str, digest: str, house: Wheelhouse) -> Uploaded:
+def upload(store: Store, run_id: str, digest: str, house: Wheelhouse, *,
+           pace: Pace | None = None, stop: threading.Event | None = None,
+           policy: RetryPolicy = DEFAULT_RETRY) -> Uploaded:
     """Store every wheel not yet in the store, then the lockfile's index (last: a reader
-    that finds the index finds every wheel it names). Every call is retried on a
-    transient fault (:func:`burst.store.retry.retrying`)."""
-    store = retrying(store)
+    that finds the index finds every wheel it names).
+
+    The wheels go up several at once, each from its file on disk (multipart and parallel
+    on S3/OSS: :func:`burst.store.files.upload_files`), resumably: a wheel already in the
+    store is skipped, and an S3 upload a failed or killed push left open is continued.
+    For the background stager (burst.env.staging): pass its throttle's ``wait`` as
+    ``pace`` and its stop event as ``stop``; a stopped upload writes no index and says
+    ``stopped``, and the next call sends only what is still missing. Each store call is
+    retried on a transient fault through ``policy``."""
+    store = retrying(store, policy)
     done = Uploaded(index_key=index_key(run_id, digest), index=house.index())
+    files = []
     for wheel in house.wheels:
-        if store.size(wheel.key) is not None:
+        if wheel.path is None:
+            if store.size(wheel.key) is None:
+                raise WheelhouseError(f"wheel {wheel.file} is not on this machine")
             done.wheels_present += 1
             continue
-        if wheel.path is None:
-            raise WheelhouseError(f"wheel {wheel.file} is not on this machine")
-        if store.put_if_absent(wheel.key, wheel.path.read_bytes()):
-            done.wheels_sent += 1
-            done.bytes_sent += wheel.size
-        else:
-            done.wheels_present += 1
-    store.put(done.index_key, _dumps(done.index))
+        files.append((wheel.key, wheel.path))
+    sent = upload_files(store, files, pace=pace, stop=stop, policy=policy)
+    done.wheels_sent, done.bytes_sent = sent.sent, sent.bytes_sent
+    done.wheels_present += sent.present
+    done.stopped = sent.stopped
+    if not done.stopped:
+        store.put(done.index_key, _dumps(done.index))
     return done
 
 
