@@ -15,7 +15,10 @@ RHEL 8 node's 3.6 gets one line, not a SyntaxError) before anything is installed
 3. fetches every wheel the index lists (``wheels/<sha256>/<file>``) into
    ``$BURST_NODE_DIR/wheelhouse`` (the index beside them, as ``wheelhouse.json``),
    checking each file's SHA-256 (a file already there with the right hash is kept: a
-   recovered node, and ``burst node setup`` after it, fetch nothing twice);
+   recovered node, and ``burst node setup`` after it, fetch nothing twice); four wheels
+   come down at once, each through ``<file>.part``, which a transfer that breaks off, or
+   a setup run again after a kill, continues from its size (``Range: bytes=N-`` on S3,
+   ``reget`` over sftp, a seek in a directory) with the hash still over the whole file;
 4. creates the node's one venv, ``$BURST_NODE_DIR/venv``, with that interpreter (pip from
    ensurepip where the OS ships it, else ``--without-pip`` and pip run from its wheel);
 5. installs burst's own wheel and, through it, its dependencies (torch already in the
