@@ -16,6 +16,7 @@ import os
 import pickle
 import re
 import time
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -494,3 +495,25 @@ def test_escape_sequences_a_store_holds_never_reach_the_terminal(tmp_path: Path)
         assert not re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", output), (args, output)
     code, output = _cli("ls", RUN, "--store", url)
     assert "\\x1b]52;c;cm0gLXJmIH4=\\x07" in output  # shown, as an escape, not acted on
+
+
+def test_a_manifest_of_a_million_empty_objects_is_refused_in_memory_bounded_by_its_size(
+        tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+    path = _manifest_path(store)
+    text = path.read_text()  # a valid manifest, plus a field no check walks: 3 MiB of {}
+    path.write_text(text[:-1] + ',"notes":[' + ",".join(["{}"] * 1_100_000) + "]}")
+    size = path.stat().st_size
+    assert size <= fmt.MAX_MANIFEST_BYTES
+    tracemalloc.start()
+    try:
+        with pytest.raises(SnapshotError, match="JSON objects and arrays: more than"):
+            snapshot.read_manifest(store, RUN)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 4 * size, (peak, size)  # a few copies of it; parsed: 25x the file
+    for command in ("verify", "show", "ls"):
+        code, output = _cli(command, RUN, "--store", str(store.root))
+        assert code == 1 and "objects and arrays: more than" in output, (command, output)
+        assert len(output.strip().splitlines()) == 1

@@ -60,6 +60,17 @@ ALIGN = 64  # every tensor starts at a multiple of this within its blob
 # before it is read (by its size) and before its entries are walked (by their count).
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_MANIFEST_ENTRIES = 200_000  # tensors, blobs, and shards (whole entries count one), each
+# JSON objects and arrays in one manifest: a tensor entry is two (itself, its shape), its
+# reference in the state tree one, a blob one, and the rest (optimizer groups, RNG states)
+# a few hundred; a real manifest at the entry caps holds fewer than this. Parsed, each
+# costs 60-200 bytes however few bytes it took in the file (``{}``: three), so a manifest
+# of millions of empty objects under the byte cap (57 MiB: 1.5 GB parsed) is counted and
+# refused before it is parsed. Containers denser than one per MIN_CONTAINER_BYTES (only
+# empty or one-digit ones) are refused at any count past MIN_CONTAINERS_CHECKED.
+MAX_MANIFEST_CONTAINERS = 5 * MAX_MANIFEST_ENTRIES
+MIN_CONTAINER_BYTES = 4
+MIN_CONTAINERS_CHECKED = 1 << 16  # below it, parsed, at most a few MB
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"')
 # Steps are below 10**12 (a trillion optimizer steps: 31 years at 1000 steps a second), so
 # a manifest's name is always exactly 12 digits and one step has exactly one name.
 MAX_STEP = 10**12
@@ -181,6 +192,7 @@ def parse_manifest(data: bytes, *, run_id: str | None = None, step: int | None =
     if len(data) > MAX_MANIFEST_BYTES:
         raise SnapshotError(f"{source} is {len(data)} bytes: too big to be a manifest "
                             f"(at most {MAX_MANIFEST_BYTES >> 20} MiB)")
+    _check_containers(data, source)
     try:
         manifest = json.loads(data, parse_constant=_reject_constant)
     except (ValueError, UnicodeDecodeError) as exc:
@@ -215,6 +227,28 @@ def parse_manifest(data: bytes, *, run_id: str | None = None, step: int | None =
     _check_blobs(manifest["blobs"], source)
     _check_tensors(manifest["tensors"], manifest["blobs"], version, source)
     return manifest
+
+
+def _check_containers(data: bytes, source: str) -> None:
+    """Refuse, before parsing, a manifest with more objects and arrays than a real one.
+
+    Counting ``{`` and ``[`` bytes is a C-speed upper bound; only past a limit are the
+    strings taken out (a slower pass, paid by hostile manifests alone) to count the
+    containers a parse would build, so braces inside names never refuse a real one."""
+    raw = data.count(b"{") + data.count(b"[")
+    if not _too_many(raw, len(data)):
+        return
+    stripped = _JSON_STRING.sub(b"", data)
+    count = stripped.count(b"{") + stripped.count(b"[")
+    if _too_many(count, len(data)):
+        raise SnapshotError(f"{source} holds {count} JSON objects and arrays: more than a "
+                            f"snapshot writes (at most {MAX_MANIFEST_CONTAINERS}, never more "
+                            f"than one per {MIN_CONTAINER_BYTES} bytes); refused unparsed")
+
+
+def _too_many(containers: int, size: int) -> bool:
+    return containers > MAX_MANIFEST_CONTAINERS or (
+        containers > MIN_CONTAINERS_CHECKED and containers * MIN_CONTAINER_BYTES > size)
 
 
 # Optional sections that status, report and the planner read as objects; the batch
