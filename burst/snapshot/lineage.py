@@ -78,6 +78,9 @@ FIELD = "generation"  # the manifest field naming the generation that took the s
 TOKEN = "lineage"  # the manifest field naming that generation's record (its random token)
 _NAME = re.compile(r"^(\d{10})\.json$")
 TAKE_ATTEMPTS = 64  # lost races before giving up (each loss means another launch won one)
+# Records are named with 10 digits, and only such names are listed: a generation past this
+# one would be written, never listed, so every launch after it would run unfenced.
+MAX_GENERATION = 10**10 - 1
 
 
 class FencedError(SnapshotError):
@@ -96,6 +99,9 @@ class FencedError(SnapshotError):
 
 
 def key(run_id: str, generation: int) -> str:
+    if not 0 < generation <= MAX_GENERATION:
+        raise SnapshotError(f"run {run_id!r}: generation {generation} is not a generation "
+                            f"number (1 to {MAX_GENERATION})")
     return f"{run_id}/{DIRECTORY}/{generation:010d}.json"
 
 
@@ -167,6 +173,7 @@ def take(store: Store, run_id: str, *, policy: RetryPolicy = DEFAULT_RETRY) -> L
     record = json.dumps({**process_record(), "token": token}, sort_keys=True).encode()
     candidate = (newest(store, run_id) or 0) + 1
     for _ in range(TAKE_ATTEMPTS):
+        _check_room(store, run_id, candidate)
         if retry(lambda c=candidate: store.put_if_absent(key(run_id, c), record), policy):
             lineage = Lineage(store, run_id, candidate, token)
             _register(lineage)
@@ -174,6 +181,16 @@ def take(store: Store, run_id: str, *, policy: RetryPolicy = DEFAULT_RETRY) -> L
         candidate = max(candidate + 1, (newest(store, run_id) or 0) + 1)
     raise SnapshotError(f"run {run_id!r}: could not take a generation in {store.url} after "
                         f"{TAKE_ATTEMPTS} tries (other launches keep taking them)")
+
+
+def _check_room(store: Store, run_id: str, candidate: int) -> None:
+    """Refuse to start a launch whose generation could never be listed (and so fenced)."""
+    if candidate > MAX_GENERATION:
+        raise SnapshotError(
+            f"run {run_id!r} in {store.url}: generation {candidate - 1} is the last a launch "
+            f"can take (names have 10 digits; a newer one would never be listed, and no "
+            f"launch would be fenced); not starting. A number this high is not one launches "
+            f"count to: remove {run_id}/{DIRECTORY}/ once no other launch of the run is alive")
 
 
 def process_record() -> dict[str, Any]:

@@ -7,6 +7,7 @@ import threading
 import pytest
 import torch
 
+from burst.errors import SnapshotError
 from burst.snapshot import lineage, reader, sync
 from burst.snapshot.lineage import FencedError
 from burst.snapshot.tiers import Captured, write_snapshot
@@ -147,3 +148,14 @@ def test_a_snapshot_of_another_stores_lineage_is_not_judged_by_this_stores_numbe
     _ended_launch(remote)
     _ended_launch(remote)
     assert sync.push_snapshot(local, remote, "run", 3).manifest == "written"
+
+
+def test_a_generation_no_listable_one_can_follow_refuses_the_next_launch(tmp_path):
+    store = LocalStore(tmp_path / "store")
+    store.put("run/lineage/9999999999.json", b'{"token": "planted"}')  # the last 10 digits
+    for _ in range(2):  # two writers: neither may take an unlisted, unfenced generation
+        with pytest.raises(SnapshotError, match="generation 9999999999 is the last") as refused:
+            lineage.take(store, "run")
+        assert "\n" not in str(refused.value)
+    assert store.list("run/lineage/") == ["run/lineage/9999999999.json"]
+    assert lineage.generations(store, "run") == [9999999999]
