@@ -593,10 +593,12 @@ def metadata_role(cloud: tuple, environ: dict) -> tuple:
 
 
 def _session_token(url: str, ttl_header: str) -> str:
-    """The hardened mode's session token; empty where the service has no such mode."""
+    """The hardened mode's session token; empty where the service has no such mode, or
+    where the PUT gets no answer (IMDSv2's hop limit of 1 drops it inside a container,
+    where the plain GET may still be allowed, as boto3 also tries)."""
     try:
         return _metadata("PUT", url, {ttl_header: "21600"}).strip()
-    except urllib.error.HTTPError:
+    except OSError:
         return ""
 
 
