@@ -120,3 +120,30 @@ def test_files_the_store_has_at_their_size_are_not_sent_again(proxy, seaweed, tm
     assert (again.sent, again.present) == (1, 4)
     puts = [path for method, path, _r, _s in faults.served[before:] if method == "PUT"]
     assert len(puts) == 1 and "/wheels/3/" in puts[0]
+
+
+class Gate:
+    """A real store whose file puts each wait until ``parties`` are in flight: an upload
+    that sent one file after another would never get past the first."""
+
+    def __init__(self, store, parties: int) -> None:
+        self.store, self.url = store, store.url
+        self.barrier = threading.Barrier(parties, timeout=30)
+
+    def put_file(self, key: str, path: Path, pace=None) -> None:
+        self.barrier.wait()
+        self.store.put_file(key, path, pace)
+
+    def __getattr__(self, name: str):
+        return getattr(self.store, name)
+
+
+def test_several_files_go_up_at_once(tmp_path):
+    from burst.store.files import FILE_WORKERS
+
+    store = open_store(tmp_path / "store")
+    files = [(f"wheels/{i}/w.whl", a_file(tmp_path, 100 + i, f"w{i}.whl")[0])
+             for i in range(FILE_WORKERS)]
+    sent = upload_files(Gate(store, FILE_WORKERS), files)
+    assert sent.sent == FILE_WORKERS
+    assert all(store.get(key) == path.read_bytes() for key, path in files)
