@@ -14,6 +14,7 @@ from burst import events
 from burst.cli.options import check_target, json_option, local_option, store_option
 from burst.errors import ConfigError
 from burst.inputs.names import INPUTS_ENV
+from burst.inputs.selection import declared_value
 from burst.store import is_local, open_store
 from burst.supervise.agent import Agent, Outcome, Policy
 from burst.supervise.coordinator import (
@@ -103,7 +104,7 @@ def declared_inputs(options: dict) -> dict[str, str]:
     """``--input`` paths for the training process (absolute: it may change directory)."""
     paths = [p if "://" in p else os.path.abspath(os.path.expanduser(p))
              for p in options.get("inputs") or ()]
-    return {INPUTS_ENV: os.pathsep.join(paths)} if paths else {}
+    return {INPUTS_ENV: declared_value(paths)} if paths else {}
 
 
 def machine_share(options: dict) -> Share | None:

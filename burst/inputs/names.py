@@ -4,7 +4,7 @@ the inputs manifest, ``burst resume`` and the node read them back)."""
 
 from __future__ import annotations
 
-INPUTS_ENV = "BURST_INPUTS"  # os.pathsep-joined paths: ``burst run --input`` to the Run
+INPUTS_ENV = "BURST_INPUTS"  # a JSON list of paths: ``burst run --input`` to the Run
 MAX_BYTES_ENV = "BURST_INPUTS_MAX_BYTES"  # the largest input burst ships (bytes, or 20GB)
 RECORD_ENV = "BURST_INPUTS_RECORD"  # "0": do not record the files the run opens
 HUB_ENV = "BURST_HUB"  # "ship" (default): hub caches travel; "mirror": the node uses the mirror

@@ -5,7 +5,9 @@ file, pretrained weights in a hub cache), and nothing in the script says so in a
 burst could parse. So burst watches: :func:`start` adds an audit hook (``sys.addaudithook``,
 event ``open``) that keeps each path opened for reading, once. The hook sits on every
 ``open`` of the process, so it does as little as it can: an event-name compare, a set
-lookup for a path seen before, and for a new one an append to a list. No I/O, no
+lookup for a path seen before, and for a new one a look at the thread's name (burst's own
+threads, named ``burst-*``, read the code tree and the environment: not inputs) and an
+append to a list. No I/O, no
 filtering: which of the paths are inputs (outside the code tree, the Python environment
 and the system) is decided at freeze time by :mod:`burst.inputs.selection`, off the hot
 path. An audit hook cannot be removed, so it is added once per process and :func:`stop`
@@ -33,6 +35,7 @@ _FOUND: set[str] = set()  # everything drained so far, in this process
 _STATE: dict[str, object] = {"installed": False, "on": False, "dir": None, "child": False}
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 FLUSH_SECONDS = 0.2  # how often a forked worker writes what it found
+BURST_THREADS = "burst-"  # the prefix of every thread burst starts (burst-freeze, ...)
 
 
 def _hook(event: str, args: tuple) -> None:
@@ -42,6 +45,8 @@ def _hook(event: str, args: tuple) -> None:
         path = args[0]
         if path in _SEEN:
             return
+        if threading.current_thread().name.startswith(BURST_THREADS):
+            return  # burst's own reads (the code archive, the lockfile): not the run's
         _SEEN.add(path)
         mode, flags = args[1], args[2]
         if (mode and any(c in mode for c in "wax+")) or (not mode and flags & _WRITING):

@@ -20,6 +20,7 @@ A root that cannot be shipped (unreadable, a device or FIFO, over the size limit
 from __future__ import annotations
 
 import fnmatch
+import json
 import os
 import re
 import site
@@ -89,7 +90,7 @@ def settings(config: Mapping[str, Any] | None = None,
     if not isinstance(section, dict):
         raise ConfigError(f"config: [{names.CONFIG_SECTION}] must be a table")
     paths = [str(p) for p in section.get("paths", [])]
-    paths += [p for p in env.get(names.INPUTS_ENV, "").split(os.pathsep) if p]
+    paths += declared_in(env.get(names.INPUTS_ENV, ""))
     max_bytes = parse_size(env.get(names.MAX_BYTES_ENV) or section.get("max_bytes")
                            or DEFAULT_MAX_BYTES)
     hub = str(env.get(names.HUB_ENV) or section.get("hub") or "ship").strip().lower()
@@ -98,6 +99,22 @@ def settings(config: Mapping[str, Any] | None = None,
     record = env.get(names.RECORD_ENV, str(section.get("record", True))).strip().lower()
     return Settings(tuple(paths), max_bytes, record not in ("0", "false", "no", "off"), hub,
                     tuple(str(p) for p in section.get("exclude", [])))
+
+
+def declared_in(value: str) -> list[str]:
+    """``$BURST_INPUTS``: a JSON list (``burst run --input``: URLs hold ``:``), or
+    paths joined by ``os.pathsep`` when a person sets it by hand."""
+    if value.lstrip().startswith("["):
+        try:
+            return [str(p) for p in json.loads(value)]
+        except ValueError:
+            raise ConfigError(f"${names.INPUTS_ENV} is not a JSON list of paths") from None
+    return [p for p in value.split(os.pathsep) if p]
+
+
+def declared_value(paths: Iterable[str]) -> str:
+    """The ``$BURST_INPUTS`` value for ``paths``."""
+    return json.dumps(list(paths))
 
 
 def parse_size(value: object) -> int:

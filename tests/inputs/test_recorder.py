@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 
 import numpy as np
@@ -63,3 +64,12 @@ def test_a_forked_worker_reports_what_it_read(dataset):
         os._exit(0)
     os.waitpid(pid, 0)
     assert str(dataset / "docs" / "doc1.txt") in recorder.collect()
+
+
+def test_reads_of_bursts_own_threads_are_not_the_runs(dataset):
+    recorder.start()
+    reader = threading.Thread(target=(dataset / "docs" / "doc0.txt").read_text,
+                              name="burst-freeze")
+    reader.start()
+    reader.join()
+    assert str(dataset / "docs" / "doc0.txt") not in recorder.collect()
