@@ -9,7 +9,16 @@ from typing import Any
 
 import click
 
-from burst.store import DEFAULT_STORE_ENV, LOCAL_ENV, default_local_url, default_store_url
+from burst.errors import StoreError
+from burst.store import (
+    DEFAULT_STORE_ENV,
+    LOCAL_ENV,
+    Store,
+    default_local_url,
+    default_store_url,
+    is_local,
+    open_store,
+)
 
 store_option = click.option(
     "--store",
@@ -19,6 +28,17 @@ store_option = click.option(
     help="Where snapshots live: a path, file://, s3://, oss://, gs://, sftp://.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
+
+
+def open_existing(url: str, **settings: Any) -> Store:
+    """The store at ``url`` for a command that only looks (ls, status, show, verify,
+    report): a local folder that does not exist is an error, never an empty store (a
+    mistyped path would otherwise say "no runs" and exit 0)."""
+    store = open_store(url, **settings)
+    root = getattr(store, "root", None)
+    if is_local(store) and root is not None and not root.is_dir():
+        raise StoreError(f"no store at {store.url}: the folder does not exist")
+    return store
 
 
 def store_settings(fn: Callable[..., Any]) -> Callable[..., Any]:

@@ -8,7 +8,7 @@ from pathlib import Path
 import click
 
 from burst import events
-from burst.cli.options import json_option, local_option, store_option
+from burst.cli.options import json_option, local_option, open_existing, store_option
 from burst.errors import SnapshotError
 from burst.store import Store, is_local, open_store
 
@@ -33,7 +33,7 @@ def report(run_id: str, store_url: str, local_url: str, out_dir: Path | None,
       burst report my-run --store s3://bucket/runs --out report/
       open report/index.html
     """
-    store = open_store(store_url)
+    store = open_existing(store_url)
     more = [] if is_local(store) else [open_store(local_url)]  # the agent's local history
     if not any(_holds(s, run_id) for s in (store, *more)):  # not an empty report of a typo
         raise SnapshotError(f"run {run_id!r} has nothing in {store.url}")

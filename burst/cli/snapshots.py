@@ -10,12 +10,12 @@ from collections.abc import Callable
 
 import click
 
-from burst.cli.options import json_option, store_option, store_settings
+from burst.cli.options import json_option, open_existing, store_option, store_settings
 from burst.cli.progress import transfer_bar
 from burst.errors import SnapshotError
 from burst.snapshot import reader as snapshot
 from burst.snapshot.catalog import human_bytes, list_runs, snapshot_rows
-from burst.store import Store, open_store
+from burst.store import Store
 
 
 @click.command("ls")
@@ -25,7 +25,7 @@ from burst.store import Store, open_store
 @json_option
 def list_snapshots(run_id: str | None, store_url: str, settings: dict, as_json: bool) -> None:
     """List the runs in the store, or RUN_ID's complete snapshots, oldest first."""
-    store = open_store(store_url, **settings)
+    store = open_existing(store_url, **settings)
     if run_id is None:
         _print_runs(store.url, list_runs(store), as_json)
         return
@@ -76,7 +76,7 @@ def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
 @store_settings
 def show(run_id: str, step: int | None, store_url: str, settings: dict) -> None:
     """Print a snapshot's manifest (without its state tree) as JSON."""
-    manifest = snapshot.read_manifest(open_store(store_url, **settings), run_id, step)
+    manifest = snapshot.read_manifest(open_existing(store_url, **settings), run_id, step)
     if manifest is None:
         raise SnapshotError(f"run {run_id!r} has no snapshot")
     manifest = {k: v for k, v in manifest.items() if k not in ("state", "tensors")}
@@ -93,7 +93,7 @@ def show(run_id: str, step: int | None, store_url: str, settings: dict) -> None:
 def verify(run_id: str, step: int | None, every: bool, store_url: str, settings: dict,
            as_json: bool) -> None:
     """Check a snapshot's manifest and every blob's size and hash (reads every byte)."""
-    store = open_store(store_url, **settings)
+    store = open_existing(store_url, **settings)
     steps = snapshot.list_steps(store, run_id) if every else [step]
     if every and not steps:
         raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")

@@ -10,7 +10,7 @@ import json
 import click
 
 from burst.cli.console import cell, human_age, make_console
-from burst.cli.options import json_option, local_option, store_option
+from burst.cli.options import json_option, local_option, open_existing, store_option
 from burst.errors import BurstError
 from burst.resume.status import intervals_line, run_status
 from burst.snapshot.catalog import human_bytes, list_runs
@@ -38,7 +38,7 @@ def status_command(run_id: str | None, store_url: str, local_url: str, as_json: 
     if machine:
         _print_machine(Coordinator().claims(), as_json)
         return
-    store = open_store(store_url)
+    store = open_existing(store_url)
     if run_id is None:
         if watch or once:
             raise click.UsageError("--watch needs a RUN_ID (or $BURST_RUN_ID)")

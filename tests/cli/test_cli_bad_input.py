@@ -279,3 +279,27 @@ def test_the_infra_check_knows_every_skypilot_cloud() -> None:
                   if isinstance(node, ast.Assign)
                   and any(getattr(t, "id", "") == "ALL_CLOUDS" for t in node.targets))
     assert sorted(options.SKYPILOT_CLOUDS) == sorted(clouds)
+
+
+@pytest.mark.parametrize("args", [["ls"], ["ls", "run"], ["status"], ["status", "run"],
+                                  ["show", "run"], ["verify", "run"], ["report", "run"]])
+def test_a_store_folder_that_does_not_exist_is_an_error_not_an_empty_store(
+        isolated: Path, args: list[str]) -> None:
+    missing = isolated / "no-such-store"
+    result = CliRunner().invoke(main, [*args, "--store", str(missing)])
+    assert result.exit_code == 1, result.output
+    assert result.output.strip().splitlines() == [
+        f"Error: no store at {missing.as_uri()}: the folder does not exist"]
+    assert not missing.exists()
+
+
+def test_the_troubleshooting_page_names_the_folder_crash_logs_are_written_to(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from burst.cli import crashlog
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    for name in (crashlog.LOG_DIR_ENV, "XDG_STATE_HOME"):
+        monkeypatch.delenv(name, raising=False)
+    folder = "~/" + str(crashlog.log_dir().relative_to(tmp_path)) + "/"
+    page = (Path(__file__).parents[2] / "docs" / "troubleshooting.md").read_text()
+    assert f"`{folder}`" in page and f"${crashlog.LOG_DIR_ENV}" in page
