@@ -24,3 +24,9 @@ class SnapshotError(BurstError):
 
 class StoreError(BurstError):
     """A store could not be reached or refused an operation."""
+
+
+class LinkOutOfStoreError(StoreError):
+    """A symbolic link inside a local store leads out of it: that part of the store is
+    damaged (or planted), so a reader treats what lies behind it as missing and falls
+    back to an older snapshot, as for a corrupt blob."""

@@ -15,6 +15,7 @@ import json
 import os
 import pickle
 import re
+import shutil
 import time
 import tracemalloc
 from pathlib import Path
@@ -517,3 +518,19 @@ def test_a_manifest_of_a_million_empty_objects_is_refused_in_memory_bounded_by_i
         code, output = _cli(command, RUN, "--store", str(store.root))
         assert code == 1 and "objects and arrays: more than" in output, (command, output)
         assert len(output.strip().splitlines()) == 1
+
+
+def test_a_pull_falls_back_when_the_newest_snapshots_blob_folder_leads_out_of_the_store(
+        tmp_path: Path) -> None:
+    store = LocalStore(tmp_path / "store")
+    digest = _two_snapshots(store)
+    folder = (store.root / fmt.blob_key(RUN, digest)).parent
+    old = snapshot.read_manifest(store, RUN, 0)
+    assert old is not None and not any(d[:2] == digest[:2] for d in old["blobs"])
+    shutil.move(folder, tmp_path / "outside")
+    os.symlink(tmp_path / "outside", folder)
+    code, output = _cli("pull", RUN, "--store", str(store.root),
+                        "--local", str(tmp_path / "pulled"))
+    assert code == 0, output
+    assert "falling back to step 0" in output
+    assert snapshot.list_steps(LocalStore(tmp_path / "pulled"), RUN) == [0]

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Protocol, TypeVar, runtime_checkable
 
-from burst.errors import SnapshotError
+from burst.errors import LinkOutOfStoreError, SnapshotError
 from burst.snapshot import format as fmt
 from burst.store.base import Store
 
@@ -138,7 +138,7 @@ def _newest(store: Store, run_id: str, log: Callable[[str], None],
     for index, step in enumerate(reversed(steps)):
         try:
             return check(store, run_id, step)
-        except SnapshotError as exc:
+        except (SnapshotError, LinkOutOfStoreError) as exc:  # a link out: damage, as a bad hash
             failures.append(f"step {step}: {exc}")
             if index + 1 < len(steps):
                 log(f"snapshot {run_id}@{step} is unusable ({exc}); falling back to step "

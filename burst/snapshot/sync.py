@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from burst import events
-from burst.errors import SnapshotError
+from burst.errors import LinkOutOfStoreError, SnapshotError
 from burst.snapshot import format as fmt
 from burst.snapshot.commit import OnBlob, commit
 from burst.snapshot.reader import list_steps, read_manifest_bytes
@@ -216,7 +216,7 @@ def pull(src: Store, dst: Store, run_id: str, step: int | None = None, *,
         try:
             transfer = pull_snapshot(src, dst, run_id, candidate, progress=progress,
                                      policy=policy, kept=kept)
-        except SnapshotError as exc:
+        except (SnapshotError, LinkOutOfStoreError) as exc:  # a link out: damage, as a bad hash
             fallbacks.append(f"step {candidate}: {exc}")
             if log and index + 1 < len(candidates):
                 log(f"snapshot {run_id}@{candidate} is unusable ({exc}); "

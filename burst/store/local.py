@@ -33,7 +33,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from burst import killpoints
-from burst.errors import StoreError
+from burst.errors import LinkOutOfStoreError, StoreError
 from burst.store.base import Pace, addressable, check_key, check_prefix, check_range
 
 FILE_CHUNK = 4 << 20  # put_file copies this much at a time
@@ -68,8 +68,8 @@ class LocalStore:
             return
         real = os.path.realpath(path)
         if os.path.commonpath([real, self.root]) != str(self.root):
-            raise StoreError(f"{self.url}: refusing {key!r}: a symbolic link in the store "
-                             f"leads outside it (to {real})")
+            raise LinkOutOfStoreError(f"{self.url}: refusing {key!r}: a symbolic link in the "
+                                      f"store leads outside it (to {real})")
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
         path = self._target(key)
