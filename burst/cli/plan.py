@@ -8,12 +8,22 @@ import os
 import click
 
 from burst import config as user_config
-from burst.cli.options import gpu_counts, infra_list, json_option, split_csv, store_option
+from burst.cli.options import (
+    gpu_counts,
+    infra_list,
+    json_option,
+    local_option,
+    split_csv,
+    store_option,
+)
 from burst.env import interpreter
+from burst.errors import BurstError
 from burst.plan import planner, regions
 from burst.plan.cards import GIB
 from burst.plan.replan import Replan, replan
-from burst.store import open_store
+from burst.resume import downloads
+from burst.snapshot.catalog import human_bytes
+from burst.store import Store, open_store
 
 OFFLINE_ENV = "BURST_OFFLINE"
 
@@ -54,12 +64,13 @@ OFFLINE_ENV = "BURST_OFFLINE"
 @click.option("--limit", type=click.IntRange(min=1), default=15, show_default=True,
               help="Rows to show (fitting candidates first).")
 @store_option
+@local_option
 @json_option
 def plan_command(run_id: str | None, cards: tuple[str, ...], counts: tuple[str, ...], nodes: int,
                  region: str, infra: tuple[str, ...], margin: float, amp: str, spot: str,
                  order: str | None, total_steps: int | None, epochs: int | None, after_oom: bool,
                  config_path: str | None, offline: bool, limit: int, store_url: str,
-                 as_json: bool) -> None:
+                 local_url: str, as_json: bool) -> None:
     """Rank where RUN_ID could continue: card, count, place, spot, micro-batch, accumulation,
     precision, predicted memory, price and time to finish. The chosen plan is first."""
     if not run_id:
@@ -76,14 +87,51 @@ def plan_command(run_id: str | None, cards: tuple[str, ...], counts: tuple[str, 
     )
     python = interpreter.for_run(store, run_id, [p.target.place.image_id
                                                  for p in result.plans if p.fits] or [None])
+    fetched = node_downloads(store, run_id, local_url, result)
     if as_json:
         click.echo(json.dumps({**_as_json(result), "node_python": None if python is None else
                                {"way": python.kind, "python": python.python,
-                                "why": python.why}}, indent=1))
+                                "why": python.why}, "downloads": fetched.as_dict()}, indent=1))
     else:
         _print(result, limit)
         click.echo(f"node python: {interpreter.describe(python)}")
+        _print_downloads(fetched)
     result.choose()  # nothing fits: the one-line reason, non-zero exit
+
+
+def node_downloads(store: Store, run_id: str, local_url: str, result: Replan
+                   ) -> downloads.Downloads:
+    """What the node would fetch to resume now (:mod:`burst.resume.downloads`)."""
+    try:
+        local: Store | None = open_store(local_url)
+    except BurstError:
+        local = None
+    return downloads.downloads(store, run_id, local=local,
+                               candidates=[p for p in result.plans if p.fits])
+
+
+def _print_downloads(fetched: downloads.Downloads) -> None:
+    click.echo("the node downloads:")
+    for item in fetched.items:
+        size = "size unknown" if item.bytes is None else human_bytes(item.bytes)
+        missing = f", {human_bytes(item.missing)} not in the store yet" if item.missing else ""
+        note = f" ({item.note})" if item.note else ""
+        click.echo(f"  {item.what}: {size} from the {item.source}{missing}{note}")
+    for problem in fetched.problems:
+        click.echo(f"  could not read {problem}")
+    click.echo(f"  from the store: {human_bytes(fetched.from_store)}, "
+               f"{_timed(fetched.downlink, fetched.from_store)}")
+    if fetched.to_upload:
+        click.echo(f"  uploaded from here first: {human_bytes(fetched.to_upload)}, "
+                   f"{_timed(fetched.uplink, fetched.to_upload)}")
+
+
+def _timed(speed: downloads.Speed, size: int) -> str:
+    seconds = speed.seconds(size)
+    if seconds is None:
+        return "time unmeasured (no measured speed yet)"
+    return (f"about {_duration(seconds) if seconds >= 60 else f'{seconds:.0f} s'} at "
+            f"{(speed.rate or 0) * 8 / 1e6:.1f} Mbit/s ({speed.by})")
 
 
 def _as_json(result: Replan) -> dict:

@@ -43,6 +43,7 @@ GPU_ENV = "BURST_NODE_GPU"  # "cpu" or a card name: what NVML would say (tests, 
 PLAN_AMP_ENV = "BURST_PLAN_AMP"
 PLAN_MARGIN_ENV = "BURST_PLAN_MARGIN"
 PLAN_MICRO_ENV = "BURST_PLAN_MICRO_BATCH"  # a micro-batch the user forced at resume time
+PULL_EVENT = "node-pull"  # a node's snapshot download: its bytes and seconds
 
 Say = Callable[[str], None]
 
@@ -332,6 +333,9 @@ def fetch_snapshot(store: Store, local: Store, run_id: str, say: Say,
         return newest["step"], store
     transfer = sync.pull(store, local, run_id, log=say)
     say(f"pulled snapshot {run_id}@{transfer.step} ({transfer.bytes_sent} bytes fetched)")
+    # the store's speed as a node sees it, for `burst plan` to time the next burst by
+    _record(local, run_id, PULL_EVENT, step=transfer.step, bytes=transfer.bytes_sent,
+            seconds=round(transfer.seconds, 3))
     return transfer.step, local
 
 

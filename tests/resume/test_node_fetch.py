@@ -1,6 +1,7 @@
 """What a node fetches before training: a whole snapshot is pulled into its local tier; a
 sharded one is left in the store when the node starts several ranks (each reads its own
-byte ranges), and pulled when one process will need all of it."""
+byte ranges), and pulled when one process will need all of it; the pull's bytes and
+seconds are recorded, the store's speed as a node sees it."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import threading
 
 import torch
 
-from burst.resume.node import fetch_snapshot
+from burst import events
+from burst.resume.node import PULL_EVENT, fetch_snapshot
 from burst.snapshot import reader
 from burst.snapshot.parts import Box, commit_parts, write_part
 from burst.store import open_store
@@ -52,3 +54,9 @@ def test_a_node_of_one_process_pulls_a_sharded_snapshot_whole(tmp_path):
     _, local, step, planned_from, _ = fetch(tmp_path, "1")
     assert step == 3 and planned_from is local
     assert reader.verify(local, RUN, 3)["step"] == 3
+
+
+def test_a_node_records_how_many_bytes_its_pull_took_and_how_long(tmp_path):
+    _, local, _, _, _ = fetch(tmp_path, "1")
+    pull = next(e for e in events.read(local, RUN) if e["event"] == PULL_EVENT)
+    assert pull["step"] == 3 and pull["bytes"] > 0 and pull["seconds"] >= 0
