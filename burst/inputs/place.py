@@ -58,10 +58,20 @@ def place(store: Store, run_id: str, node_dir: Path, say: Say = print) -> dict[s
         say(f"input {path}: {len(files)} file(s) at {where} (${root.get('env')})")
     say(f"inputs: {fetched / 1e6:.1f} MB fetched from the store and verified, "
         f"{kept} file(s) already here")
+    for left in not_shipped(manifest):
+        say(f"warning: the run read {left['path']}, which was not shipped ({left['why']}): "
+            "the run here will not find it")
     mapping = {"inputs": placed, "home": manifest.home}
     base.mkdir(parents=True, exist_ok=True)
     (base / PLACED_FILE).write_text(json.dumps(mapping, indent=1, sort_keys=True))
     return mapping
+
+
+def not_shipped(manifest: chunks.Manifest) -> list[dict[str, str]]:
+    """What the run read that is not on this node (its code and hub mirrors aside)."""
+    skipped = [s for s in manifest.skipped if s.get("why") not in (names.IN_CODE,)
+               and not str(s.get("why", "")).startswith(names.MIRROR)]
+    return [*manifest.refused, *skipped]
 
 
 def _belongs(file: str, root: str) -> bool:

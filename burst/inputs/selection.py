@@ -294,10 +294,17 @@ def _check(root: Root, out: Selection, s: Settings) -> None:
         total += os.path.getsize(path)
     root.files = good
     if total > s.max_bytes:
-        out.refused.append({"path": root.path, "why": f"{names.OVER_LIMIT} ({total / 1e9:.1f} "
-                            f"GB > {s.max_bytes / 1e9:.1f} GB: raise [inputs] max_bytes or "
+        out.refused.append({"path": root.path, "why": f"{names.OVER_LIMIT} ({human(total)} > "
+                            f"{human(s.max_bytes)}: raise [inputs] max_bytes or "
                             f"${names.MAX_BYTES_ENV})"})
         root.files = []
+
+
+def human(size: int) -> str:
+    for unit, scale in (("GB", 10**9), ("MB", 10**6), ("kB", 10**3)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}"
+    return f"{size} bytes"
 
 
 def unshippable(path: str) -> str | None:
@@ -336,7 +343,7 @@ def lines(selection: Selection) -> list[str]:
         size = sum(os.path.getsize(f) for f in root.files if os.path.exists(f))
         what = "hub cache" if root.kind == "hub" else "input"
         out.append(f"{what} {root.path}: shipping {len(root.files)} file(s), "
-                   f"{size / 1e6:.1f} MB (node: ${root.env})")
+                   f"{human(size)} (node: ${root.env})")
     in_code = [s for s in selection.skipped if s["why"] == names.IN_CODE]
     if in_code:
         out.append(f"{len(in_code)} file(s) read inside the project: {names.IN_CODE}")

@@ -124,3 +124,14 @@ def test_input_path_reads_a_tilde_as_the_home_of_the_machine_that_read_it(store,
 def test_a_run_without_inputs_places_nothing(store, tmp_path):
     assert place.place(store, "run", tmp_path / "node", say=lambda _l: None) is None
     assert place.node_env(tmp_path / "node") == {}
+
+
+def test_the_node_says_which_file_the_run_read_was_not_shipped(store, dataset, tmp_path,
+                                                               monkeypatch):
+    monkeypatch.setenv("BURST_INPUTS_MAX_BYTES", "1000")
+    stage(store, dataset / "docs" / "doc0.txt", dataset / "tokens.bin")
+    said: list[str] = []
+    place.place(store, "run", tmp_path / "node", say=said.append)
+    assert said[-1] == (f"warning: the run read {dataset / 'tokens.bin'}, which was not "
+                        "shipped (over the size limit (21.0 MB > 1.0 kB: raise [inputs] "
+                        "max_bytes or $BURST_INPUTS_MAX_BYTES)): the run here will not find it")
