@@ -250,3 +250,30 @@ def test_pre_staging_killed_mid_way_resumes_without_resending_what_landed(s3, mo
     assert not landed & set(sent["puts"])  # nothing complete is sent again
     assert len(landed) + len([k for k in sent["puts"] if k.startswith("wheels/")]) == 12
     assert sent["ready"]
+
+
+def test_after_pre_staging_a_burst_uploads_only_the_newest_snapshots_new_blobs(s3, tmp_path):
+    import torch
+
+    from burst.snapshot import sync
+    from burst.store.local import LocalStore
+    from tests.env.stage_child import Recording
+    from tests.snapshot_helpers import take
+
+    context, _ = wheels_context(tmp_path, {"burst-failover": 20_000, "dep": 80_000})
+    root = project(tmp_path)
+    code = stageparts.code_parts(stageparts.Context("run", context.lock, root))
+    assert Stager(s3, "run", code + stageparts.wheel_parts(context),
+                  bucket=unthrottled()).run_once().ready
+    local = LocalStore(tmp_path / "tier")
+    frozen = torch.arange(50_000, dtype=torch.float32)
+    take(local, 1, {"frozen": frozen, "head": torch.zeros(10)})
+    sync.push(local, s3, "run")
+    take(local, 2, {"frozen": frozen, "head": torch.ones(10)})  # the failure: step 2 is new
+    recording = Recording(s3)
+    assert wheelhouse.ensure(recording, "run", context.lock(), TARGET) is None
+    assert all(p.pending(recording).ready for p in code)
+    sync.push(local, recording, "run")
+    blobs = [k for k in recording.puts if "/blobs/" in k]
+    assert len(blobs) == 1  # the changed head; the frozen backbone was there already
+    assert not [k for k in recording.puts if k.startswith("wheels/") or "/code/" in k]
