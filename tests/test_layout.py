@@ -78,6 +78,11 @@ def test_few_modules_sit_directly_under_the_package():
 FOREIGN_PRIVATE = {
     "os._exit",  # leave at once after an emergency snapshot, skipping atexit and finalizers
     "epoch_loop._batches_that_stepped",  # Lightning keeps its optimizer-step count there
+    # transformers' Trainer keeps the loss it has summed since its last log there: a resume
+    # mid-window restores it so the logged loss equals an uninterrupted run's
+    "trainer._tr_loss",
+    "trainer._total_loss_scalar",
+    "trainer._globalstep_last_logged",
 }
 
 
@@ -89,6 +94,8 @@ def test_no_module_drives_another_object_through_private_members():
                     or node.attr.startswith("__"):
                 continue
             reach = f"{ast.unparse(node.value)}.{node.attr}"
-            if ast.unparse(node.value) not in ("self", "cls") and reach not in FOREIGN_PRIVATE:
+            # super() is the object itself: a subclass overriding its parent's hook
+            if ast.unparse(node.value) not in ("self", "cls", "super()") \
+                    and reach not in FOREIGN_PRIVATE:
                 offenders.append(f"{name}:{node.lineno}: {reach}")
     assert offenders == []
