@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from burst.env import codearchive, wheelhouse
+from burst.env import codearchive, wheelchoice, wheelhouse
 from burst.env.lockfile import Lockfile
 from burst.env.staging import Part, Pending, Throttle
 from burst.inputs import part as inputs_part
@@ -140,10 +140,19 @@ class Wheels:
         self.present = Present()
         self._house: wheelhouse.Wheelhouse | None = None
         self._complete_at: dict[str, float] = {}  # store url -> when found complete
+        self._target: wheelhouse.Target | None = None
         self._lock = threading.Lock()
 
-    def target(self) -> wheelhouse.Target:
-        return self.context.target or wheelhouse.target_for(self.context.lock())
+    def target(self, store: Store) -> wheelhouse.Target:
+        """What the freeze would build: the choice recorded at freeze or push (``burst
+        push --wheels no-torch``), else the environment's (:mod:`burst.env.wheelchoice`)."""
+        if self._target is None:
+            self._target = self.context.target or wheelchoice.target(
+                wheelchoice.in_effect(store, self.context.run_id), self.context.lock(), "all")
+        return self._target
+
+    def off(self, store: Store) -> bool:
+        return self.target(store).policy == "none"
 
     def index_key(self) -> str:
         return wheelhouse.index_key(self.context.run_id, self.context.lock().digest)
@@ -154,7 +163,7 @@ class Wheels:
         if seen is not None and self.context.clock() - seen < RECHECK_SECONDS:
             return True
         index = wheelhouse.load_index(store, self.context.run_id, self.context.lock().digest)
-        if index is None or index.get("target") != self.target().to_json():
+        if index is None or index.get("target") != self.target(store).to_json():
             return False
         if not all(self.present.has(store, wheelhouse.wheel_key(w["sha256"], w["file"]))
                    for w in index.get("wheels", [])):
@@ -165,11 +174,11 @@ class Wheels:
     def built(self) -> wheelhouse.Wheelhouse | None:
         return self._house
 
-    def build(self) -> wheelhouse.Wheelhouse:
+    def build(self, store: Store) -> wheelhouse.Wheelhouse:
         with self._lock:
             if self._house is None:
                 build = self.context.build or wheelhouse.build
-                self._house = build(self.context.lock(), self.target())
+                self._house = build(self.context.lock(), self.target(store))
             return self._house
 
     def missing(self, store: Store, roles: Callable[[str], bool]) -> list[wheelhouse.Wheel]:
@@ -178,7 +187,7 @@ class Wheels:
         return [w for w in wheels if not self.present.has(store, w.key)]
 
     def put_index(self, store: Store) -> None:
-        house = self.build()
+        house = self.build(store)
         if all(self.present.has(store, w.key) for w in house.wheels):
             wheelhouse.upload(store, self.context.run_id, self.context.lock().digest, house)
             self._complete_at[store.url] = self.context.clock()
@@ -193,7 +202,7 @@ class WheelPart:
         self.wheels, self.name, self.roles, self.writes_index = wheels, name, roles, writes_index
 
     def pending(self, store: Store) -> Pending:
-        if self.wheels.complete(store):
+        if self.wheels.off(store) or self.wheels.complete(store):
             return Pending(self.name)
         if self.wheels.built() is None:
             return Pending(self.name, 1, 0, "not built yet (pip download, then upload)")
@@ -203,9 +212,9 @@ class WheelPart:
                        f"{len(missing)} wheel(s) to upload")
 
     def stage(self, store: Store, throttle: Throttle, stop: threading.Event) -> None:
-        if self.wheels.complete(store):
+        if self.wheels.off(store) or self.wheels.complete(store):
             return
-        self.wheels.build()
+        self.wheels.build(store)
         for wheel in sorted(self.wheels.missing(store, self.roles), key=lambda w: w.size):
             if stop.is_set() or wheel.path is None:
                 return
@@ -217,8 +226,6 @@ class WheelPart:
 
 def wheel_parts(context: Context) -> list[Part]:
     """burst's wheel first (small, and no node starts without it), then the others."""
-    if (context.target.policy if context.target else wheelhouse.default_policy()) == "none":
-        return []
     wheels = Wheels(context)
     return [WheelPart(wheels, "burst-wheel", lambda role: role == "burst", False),
             WheelPart(wheels, "wheelhouse", lambda role: role != "burst", True)]

@@ -277,3 +277,15 @@ def test_after_pre_staging_a_burst_uploads_only_the_newest_snapshots_new_blobs(s
     blobs = [k for k in recording.puts if "/blobs/" in k]
     assert len(blobs) == 1  # the changed head; the frozen backbone was there already
     assert not [k for k in recording.puts if k.startswith("wheels/") or "/code/" in k]
+
+
+def test_the_stager_follows_the_wheelhouse_choice_recorded_at_push(s3, tmp_path):
+    from burst.env import wheelchoice
+
+    wheelchoice.record(s3, "run", wheelchoice.Choice(policy="none"))
+    context, _ = wheels_context(tmp_path, {"burst-failover": 10_000, "dep": 10_000})
+    context.target = None  # what the freeze would build: the recorded choice says none
+    stager = Stager(s3, "run", stageparts.wheel_parts(context), bucket=unthrottled())
+    assert stager.readiness().ready
+    stager.run_once()
+    assert s3.list("wheels/") == []
