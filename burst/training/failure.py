@@ -43,6 +43,12 @@ EXIT_FENCED = 90
 # the node's setup failed after its retries (burst/templates/task.yaml.j2): the store or
 # the network kept failing; a deterministic problem exits 2 at once instead
 EXIT_SETUP_FAILED = 91
+# the run's store could not be reached (or refused) as the run started: nothing was
+# trained, nothing is lost; start it again once the store answers (burst.training.outage)
+EXIT_STORE_UNREACHABLE = 92
+# training finished and its final snapshot is in the local tier, but uploading it to the
+# store failed: `burst push` uploads it later; rerunning the training is not needed
+EXIT_UPLOAD_FAILED = 93
 
 EXIT_KINDS = {EXIT_OOM: "oom", EXIT_GPU_FAILURE: "gpu-failure", EXIT_STOPPED: "signal",
               EXIT_FENCED: "fenced", EXIT_SETUP_FAILED: "setup-failed"}

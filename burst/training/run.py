@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader
 
 from burst import events
 from burst.env import freeze, stager
-from burst.errors import ConfigError, SnapshotError
+from burst.errors import ConfigError, SnapshotError, StoreError
 from burst.inputs import part as inputs_part
 from burst.parallel import partition
 from burst.parallel import state as dist_state
@@ -58,7 +58,15 @@ from burst.state.carry import LoopState
 from burst.store import Store, default_local_url, is_local, open_store
 from burst.store.base import SHARED_PREFIXES, check_key
 from burst.supervise import faults, preemption
-from burst.training import adaptive, batches, checkpointing, failure, fencing, memory_control
+from burst.training import (
+    adaptive,
+    batches,
+    checkpointing,
+    failure,
+    fencing,
+    memory_control,
+    outage,
+)
 from burst.training import command as launch
 from burst.training import quota as memory_quota
 from burst.training.amp import AMP_DTYPES, parse_amp
@@ -177,7 +185,8 @@ class Run:
         # the stores last: every setting above is checked before any upload thread starts
         self.store = open_store(store)
         # this launch's generation, taken before any upload or restore (snapshot.lineage)
-        self.lineage = lineage.take(self.store, self.run_id) if self.rank == 0 else None
+        self.lineage = outage.at_start(self.store, self.run_id, lambda: lineage.take(
+            self.store, self.run_id)) if self.rank == 0 else None
         self.local, self._uploads = _local_tier(self.store, self.run_id, local,
                                                 uploads=self.rank == 0)
         # the data it reads travels with it (burst.inputs): declared, and recorded from now
@@ -700,12 +709,18 @@ class Run:
             self._stager.stop()  # returns at once: never holds up the final snapshot
         self._vote.drain()  # the last boundary's votes: the final snapshot serves them all
         self._capture("final", persist=True)
+        upload_error: StoreError | None = None
         try:
             self._group.settle(self.flush)  # rank 0 stores it; every rank learns the outcome
         except SnapshotError:
             if fencing.fenced(self.lineage):  # refused: a newer launch owns the run
                 fencing.stop(self, self.lineage)
             raise
+        except StoreError as exc:  # the upload, once the local tier holds the snapshot
+            if self._uploads is None or not outage.kept_locally(self.local, self.run_id,
+                                                                self.step):
+                raise
+            upload_error = exc
         self._metrics.flush()
         self.record_event("finish", step=self.step)
         self.trackers.close()
@@ -715,6 +730,8 @@ class Run:
             self._buffer_hook = None
         if self._watcher is not None:
             self._watcher.stop()
+        if upload_error is not None:
+            outage.upload_failed(self.local, self.store, self.run_id, self.step, upload_error)
 
     def __enter__(self) -> Run:
         return self

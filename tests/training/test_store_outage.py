@@ -1,0 +1,66 @@
+"""A store that fails while the training does not: one line that says what happened and
+where the snapshots are, and an exit code of its own, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import burst
+from burst.snapshot import reader
+from burst.store import open_store, retry
+from burst.training import failure
+from tests.fault_proxy import FaultProxy, start
+from tests.store_servers import aws_env, free_port
+
+START = """
+import os, sys, torch, burst
+from burst.store import open_store
+store = open_store("s3://bucket/runs", endpoint_url=sys.argv[1])
+run = burst.Run("outage", store=store, local=sys.argv[2], global_batch=2)
+print("trained", flush=True)
+"""
+
+
+def test_a_run_started_while_its_store_is_unreachable_stops_in_one_line(
+        tmp_path, monkeypatch) -> None:
+    aws_env(monkeypatch)
+    monkeypatch.setenv("BURST_FREEZE", "0")
+    dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
+    done = subprocess.run([sys.executable, "-c", START, dead, str(tmp_path / "tier")],
+                          capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == failure.EXIT_STORE_UNREACHABLE, done.stderr
+    assert "trained" not in done.stdout and "Traceback" not in done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "cannot reach" in lines[0] and "nothing was trained" in lines[0]
+
+
+def test_close_when_only_uploads_fail_says_training_finished_and_where_the_snapshot_is(
+        tmp_path, moto_s3, monkeypatch, capsys) -> None:
+    aws_env(monkeypatch)
+    monkeypatch.setenv("BURST_FREEZE", "0")
+    monkeypatch.setattr(retry.RetryPolicy, "delay", lambda self, attempt, rng=None: 0.0)
+    proxy = FaultProxy(moto_s3.endpoint, moto_s3.ca_bundle)
+    server, endpoint = start(proxy)
+    try:
+        store = open_store(moto_s3.url(), **moto_s3.options(endpoint_url=endpoint))
+        tier = tmp_path / "tier"
+        run = burst.Run("outage", store=store, local=str(tier), global_batch=2,
+                        persist_seconds=None)
+        run.attach(torch.nn.Linear(2, 2))
+        run.step = 3  # trained
+        proxy.add("500", "PUT", times=None)  # the store stops taking uploads
+        with pytest.raises(SystemExit) as exited:
+            run.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert exited.value.code == failure.EXIT_UPLOAD_FAILED
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("burst:")]
+    assert len(said) == 1, said
+    assert "training finished at step 3" in said[0] and str(tier) in said[0]
+    assert "upload failed" in said[0] and "burst push outage" in said[0]
+    assert reader.list_steps(run.local, "outage")[-1] == 3  # kept locally
