@@ -15,7 +15,10 @@ data set stays at a few thousand objects.
 The manifest, ``<run>/env/inputs.json``, lists the inputs (where they live here, the
 variable a node exports for each), every file (path, size, mode, mtime, whole-file and
 chunk digests) and what was not shipped and why. Hashing is the expensive part, so a
-file whose size, mtime and inode did not change is not hashed again in this process.
+file whose size, mtime and inode did not change is not hashed again in this process, and
+a *draft* of the manifest (files known by their stat, digests still empty) is written
+before any hashing: a run that dies before its inputs are staged still says what it read,
+and ``burst resume`` hashes and uploads the rest from the machine that read it.
 """
 
 from __future__ import annotations
@@ -58,6 +61,11 @@ class FileEntry:
     digest: str  # sha256 of the whole file
     chunks: tuple[str, ...]  # sha256 of each CHUNK_BYTES piece, in order
 
+    @property
+    def hashed(self) -> bool:
+        """False for a draft's entry: the file is known by its stat, not yet by its bytes."""
+        return bool(self.digest)
+
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "chunks": list(self.chunks)}
 
@@ -68,7 +76,7 @@ class FileEntry:
         path, digests = str(data["path"]), [str(data["digest"]), *map(str, data["chunks"])]
         if not path.startswith("/") or os.path.normpath(path) != path:
             raise ValueError(f"not an absolute, normal path: {path!r}")
-        if not all(_HEX64.fullmatch(d) for d in digests):
+        if digests != [""] and not all(_HEX64.fullmatch(d) for d in digests):
             raise ValueError(f"not a SHA-256 digest in the entry of {path!r}")
         return cls(str(data["path"]), int(data["size"]), int(data["mode"]),
                    int(data["mtime_ns"]), str(data["digest"]),
@@ -81,6 +89,16 @@ _GUARD = threading.Lock()
 
 def stat_key(path: str, st: os.stat_result) -> tuple[str, int, int, int]:
     return (path, st.st_size, st.st_mtime_ns, st.st_ino)
+
+
+def known_entry(path: str) -> FileEntry:
+    """The file's entry without reading it: hashed if this process hashed it unchanged
+    before, else a draft (digest ``""``) that ``burst resume`` completes."""
+    st = os.stat(path)
+    with _GUARD:
+        known = _HASHED.get(stat_key(path, st))
+    return known or FileEntry(path, st.st_size, stat.S_IMODE(st.st_mode), st.st_mtime_ns, "",
+                              ())
 
 
 def hash_file(path: str) -> FileEntry:
@@ -171,8 +189,8 @@ class Manifest:
             raise SnapshotError(f"the run's inputs manifest is not readable: {exc}") from None
 
     def missing(self, known: set[str]) -> list[FileEntry]:
-        """The files with a chunk ``known`` lacks."""
-        return [f for f in self.files if any(c not in known for c in f.chunks)]
+        """The files not hashed yet or with a chunk ``known`` lacks."""
+        return [f for f in self.files if not f.hashed or any(c not in known for c in f.chunks)]
 
 
 def save(store: Store, run_id: str, manifest: Manifest) -> None:

@@ -62,6 +62,7 @@ class InputsPart:
         self.say = say
         self._said: set[str] = set()
         self._staged: dict[str, tuple[int, int]] = {}  # path -> (size, mtime_ns) stored
+        self._stored: dict[str, chunks.FileEntry] = {}  # hashed entries the store holds
         self._saved: bytes | None = None  # the manifest last written
         self._loaded = False
         self._lock = threading.Lock()
@@ -103,35 +104,64 @@ class InputsPart:
         detail = f"{waiting} input file(s), {size / 1e6:.1f} MB" if waiting else ""
         return Pending(self.name, waiting + manifest, size, detail)
 
-    def stage(self, store: Store, throttle: Throttle | None = None,
-              stop: threading.Event | None = None) -> chunks.Manifest | None:
-        """Upload what the store lacks, then the manifest; None if stopped before the end."""
+    def draft(self, store: Store) -> chunks.Manifest:
+        """Write what the run reads, known by stat (cheap: no file is read), unless the
+        store holds that already: a run that dies before staging still names its inputs."""
         with self._lock:
+            self._load_staged(store)
             chosen = self.selection(store)
             self._tell(selection.lines(chosen))
             entries = []
             for path in (f for r in chosen.roots for f in r.files):
                 try:
-                    entries.append(chunks.hash_file(path))
+                    stored = self._stored.get(path)
+                    entries.append(stored if stored is not None and chunks.unchanged(stored)
+                                   else chunks.known_entry(path))
                 except OSError as exc:
                     chosen.refused.append({"path": path,
                                            "why": f"{names.UNREADABLE} ({exc.strerror})"})
+            manifest = self._manifest(chosen, entries)
+            self._save(store, manifest, bool(chosen.roots or chosen.refused))
+            return manifest
+
+    def stage(self, store: Store, throttle: Throttle | None = None,
+              stop: threading.Event | None = None) -> chunks.Manifest | None:
+        """Write the draft, upload what the store lacks, then the complete manifest;
+        None if stopped before the end."""
+        drafted = self.draft(store)
+        with self._lock:
+            entries = []
+            for entry in drafted.files:
+                try:
+                    entries.append(entry if entry.hashed and chunks.unchanged(entry)
+                                   else chunks.hash_file(entry.path))
+                except OSError as exc:
+                    drafted.refused.append({"path": entry.path,
+                                            "why": f"{names.UNREADABLE} ({exc.strerror})"})
             known = chunks.stored_chunks(store)
             for entry in entries:
                 if stop is not None and stop.is_set():
                     return None
                 chunks.upload_file(store, entry, known, throttle.wait if throttle else None)
-            manifest = chunks.Manifest([r.to_json() for r in chosen.roots], entries,
-                                       chosen.skipped, chosen.refused, chosen.mirrors,
-                                       str(Path.home()))
-            raw = manifest.to_bytes()
-            if not (chosen.roots or chosen.refused or self._saved):
-                return manifest  # nothing read outside the project: nothing to write
-            if raw != self._saved:
-                chunks.save(store, self.run_id, manifest)
-                self._saved = raw
+            manifest = chunks.Manifest(drafted.inputs, entries, drafted.skipped,
+                                       drafted.refused, drafted.mirrors, drafted.home)
+            self._save(store, manifest, bool(manifest.inputs or manifest.refused))
             self._staged = {e.path: (e.size, e.mtime_ns) for e in entries}
+            self._stored = {e.path: e for e in entries}
             return manifest
+
+    def _manifest(self, chosen: selection.Selection, entries: list[chunks.FileEntry]
+                  ) -> chunks.Manifest:
+        return chunks.Manifest([r.to_json() for r in chosen.roots], entries, chosen.skipped,
+                               chosen.refused, chosen.mirrors, str(Path.home()))
+
+    def _save(self, store: Store, manifest: chunks.Manifest, worth: bool) -> None:
+        """Write ``manifest`` if it says something new (nothing read outside the project
+        and nothing written before: nothing to write)."""
+        raw = manifest.to_bytes()
+        if (worth or self._saved) and raw != self._saved:
+            chunks.save(store, self.run_id, manifest)
+            self._saved = raw
 
     @property
     def staged_once(self) -> bool:
@@ -150,7 +180,9 @@ class InputsPart:
         except Exception:
             return
         if stored is not None:
-            self._staged = {e.path: (e.size, e.mtime_ns) for e in stored.files}
+            hashed = [e for e in stored.files if e.hashed and chunks.unchanged(e)]
+            self._staged = {e.path: (e.size, e.mtime_ns) for e in hashed}
+            self._stored = {e.path: e for e in hashed}
             self._saved = stored.to_bytes()
 
     def _tell(self, lines: list[str]) -> None:
@@ -260,10 +292,20 @@ _REFRESHING: set[tuple[str, str]] = set()
 
 
 def refresh(store: Store, run_id: str) -> None:
-    """At a persisted snapshot: restage in a thread when something changed (cheap check)."""
+    """At a persisted snapshot: make sure the store names what the run has read (the
+    draft: a stat per file, a small write when it changed), then stage the rest in a
+    thread. A snapshot ``burst resume`` can start from thus always comes with the list of
+    its inputs, even when the run dies before they are uploaded."""
     part = registered(store, run_id)
     key = (store.url, run_id)
-    if part is None or part.managed or not part.staged_once:
+    if part is None:
+        return
+    try:
+        part.draft(store)
+    except Exception as exc:
+        part.say(f"inputs: could not record what the run read: {exc}")
+        return
+    if part.managed:
         return
     with _GUARD:
         if key in _REFRESHING:
@@ -311,7 +353,8 @@ def for_resume(store: Store, run_id: str, *, dry_run: bool = False, say: Say = p
         raise ConfigError(f"input {first['path']} cannot be shipped to a node: "
                           f"{first['why']}{more}; exclude it ([inputs] exclude) or make it "
                           "shippable, then run again")
-    missing = manifest.missing(chunks.stored_chunks(store))
+    known = chunks.stored_chunks(store)
+    missing = manifest.missing(known)
     changed = [e for e in missing if not chunks.unchanged(e)]
     if changed:
         raise ConfigError(f"input {changed[0].path} is not in the store yet and changed (or "
@@ -320,7 +363,9 @@ def for_resume(store: Store, run_id: str, *, dry_run: bool = False, say: Say = p
         return [f"{len(missing)} input file(s) not in the store yet: a resume uploads them"], \
             manifest.mirrors
     if missing:
-        known = chunks.stored_chunks(store)
-        sent = sum(chunks.upload_file(store, e, known) for e in missing)
+        done = {e.path: e if e.hashed else chunks.hash_file(e.path) for e in missing}
+        sent = sum(chunks.upload_file(store, e, known) for e in done.values())
+        manifest.files = [done.get(e.path, e) for e in manifest.files]
+        chunks.save(store, run_id, manifest)
         say(f"uploaded {len(missing)} input file(s) the run had not staged ({sent / 1e6:.1f} MB)")
     return [], manifest.mirrors

@@ -114,6 +114,9 @@ def _same(dest: Path, entry: chunks.FileEntry) -> bool:
 
 def _write(store: Store, entry: chunks.FileEntry, dest: Path) -> int:
     """Write ``entry`` at ``dest`` from its verified chunks; the bytes fetched."""
+    if not entry.hashed:
+        raise SnapshotError(f"input {entry.path} was never stored (the run died before it "
+                            "staged it): resume from the machine that read it")
     dest.parent.mkdir(parents=True, exist_ok=True)
     whole = hashlib.sha256()
     handle, temporary = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")

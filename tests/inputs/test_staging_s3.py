@@ -118,3 +118,28 @@ def test_resume_refuses_an_input_that_cannot_be_shipped_in_one_line(s3, tmp_path
         part.for_resume(s3, "run")
     assert "pipe cannot be shipped to a node: a device, FIFO or socket" in str(refused.value)
     assert "\n" not in str(refused.value)
+
+
+def test_a_run_killed_before_staging_leaves_a_draft_that_resume_completes(s3, dataset,
+                                                                           tmp_path):
+    inputs = part.InputsPart("run", [dataset], record=False, say=lambda _line: None)
+    drafted = inputs.draft(s3)  # what the persisted snapshot wrote; then the kill
+    assert not any(f.hashed for f in drafted.files) and not s3.chunk_puts
+    part.for_resume(s3, "run", say=lambda _line: None)
+    completed = chunks.load(s3, "run")
+    assert completed is not None and all(f.hashed for f in completed.files)
+    assert not completed.missing(chunks.stored_chunks(s3))
+
+
+def test_a_draft_names_a_file_that_changed_since_it_was_staged_by_its_new_stat(s3, dataset):
+    inputs, _ = staged(s3, dataset)
+    (dataset / "docs" / "doc0.txt").write_text("edited after staging\n")
+    drafted = inputs.draft(s3)
+    (doc,) = [f for f in drafted.files if f.path.endswith("doc0.txt")]
+    assert not doc.hashed and doc.size == len("edited after staging\n")
+
+
+def test_a_persisted_snapshot_writes_the_draft_before_it_returns(s3, dataset):
+    part.declare(s3, "run", [dataset])
+    part.refresh(s3, "run")
+    assert chunks.load(s3, "run") is not None
