@@ -2,9 +2,12 @@
 training process and ``burst resume`` ask of them.
 
 A training run declares its inputs and starts the recorder when its ``Run`` is made
-(:func:`declare`); the freeze stages them with the code (:func:`stage_quietly`), and each
-persisted snapshot restages them in the background when the run has read something new
-since (:func:`refresh`), so what a node needs is in the store before the GPU dies.
+(:func:`declare`); the freeze stages them with the code (:func:`stage_quietly`) unless the
+run's background stager does (:func:`for_run`), and each persisted snapshot first writes
+the manifest's draft (what the run read, by stat) and restages in the background when
+the run has read something new (:func:`refresh`), so a snapshot a resume starts from
+always comes with the list of its inputs, and what a node needs is in the store before
+the GPU dies.
 :class:`InputsPart` is the one object doing that work: ``pending`` says what the store
 lacks without reading a file (a stat each: a changed file counts whole), ``stage``
 hashes, uploads the missing chunks (within the throttle) and writes the manifest last, so
