@@ -208,7 +208,7 @@ def _typed(event: dict) -> bool:
             and isinstance(gpus, list) and all(_is_gpu(g) for g in gpus))
 
 
-_COUNTS = ("step", "attempt", "gpu")  # whole numbers where present (null: not known)
+_COUNTS = ("step", "attempt", "gpu", "pid")  # whole numbers where present (null: not known)
 
 
 def _is_time(value: object) -> bool:

@@ -450,7 +450,8 @@ _NOW = "2026-01-01T00:00:00.000+00:00"
     {"time": _NOW, "event": "memory-alert", "threshold": {"a": {"b": 1}}},  # nested object
     {"time": True, "event": "start"},  # a bool
     {"time": -1, "event": "start"},  # a negative time
-], ids=["string", "list", "null", "huge-int", "nested", "bool", "negative-time"])
+    {"time": _NOW, "event": "ssh-job", "target": "t", "dir": "d", "pid": "abc"},
+], ids=["string", "list", "null", "huge-int", "nested", "bool", "negative-time", "pid"])
 def test_an_event_with_a_field_of_the_wrong_type_costs_a_warning_not_the_command(
         tmp_path: Path, line: dict) -> None:
     store = _good_run(tmp_path / "store")
@@ -464,16 +465,28 @@ def test_an_event_with_a_field_of_the_wrong_type_costs_a_warning_not_the_command
         assert code == 0, (args, output)
 
 
-def test_a_manifest_whose_batch_is_not_an_object_is_refused_in_one_line(
-        tmp_path: Path) -> None:
+@pytest.mark.parametrize("change, field", [
+    (lambda m: m.update(batch=[2, 2]), "'batch'"),
+    (lambda m: m.update(batch={"micro": "2"}), "'batch'"),
+    (lambda m: m.update(memory={"peak_bytes_by_micro_batch": "x"}), "'memory'"),
+])
+def test_a_manifest_section_of_the_wrong_type_is_refused_in_one_line(
+        tmp_path: Path, change, field: str) -> None:
     store = _good_run(tmp_path / "store")
-    _rewrite(store, lambda m: m.update(batch=[2, 2]))
+    _rewrite(store, change)
     url = str(store.root)
     for args in (["status", RUN, "--store", url], ["verify", RUN, "--store", url],
                  ["report", RUN, "--store", url, "--out", str(tmp_path / "report")]):
         code, output = _cli(*args)
-        assert code == 1 and "'batch'" in output, (args, output)
+        assert code == 1 and field in output, (args, output)
         assert len(output.strip().splitlines()) == 1, output
+
+
+def test_a_snapshot_time_without_a_zone_is_shown_not_a_crash(tmp_path: Path) -> None:
+    store = _good_run(tmp_path / "store")
+    _rewrite(store, lambda m: m.update(time="2026-01-01T00:00:00"))
+    code, output = _cli("status", RUN, "--store", str(store.root))
+    assert code == 0, output
 
 
 CLIPBOARD = "\x1b]52;c;cm0gLXJmIH4=\x07"  # OSC 52: writes the terminal's clipboard

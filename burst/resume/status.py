@@ -172,7 +172,7 @@ def _snapshot(manifest: dict | None, now: datetime, uploaded: bool) -> dict[str,
     if isinstance(taken, str):
         try:
             age = max((now - datetime.fromisoformat(taken)).total_seconds(), 0.0)
-        except ValueError:
+        except (ValueError, TypeError):  # TypeError: a time without a zone
             age = None
     return {"step": manifest["step"], "epoch": (manifest.get("counters") or {}).get("epoch"),
             "time": taken, "age_seconds": age, "reason": manifest.get("reason"),

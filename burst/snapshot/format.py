@@ -268,6 +268,10 @@ def _check_sections(manifest: dict, source: str) -> None:
         if value is not None and not (_is_count(value) and value < MAX_STEP):
             raise SnapshotError(f"{source} has a malformed 'batch' field ({name} is "
                                 f"{value!r}, not a count)")
+    peaks = (manifest.get("memory") or {}).get("peak_bytes_by_micro_batch")
+    if peaks is not None and not isinstance(peaks, dict):
+        raise SnapshotError(f"{source} has a malformed 'memory' field (its peaks are not an "
+                            "object)")
     if manifest.get("time") is not None and not isinstance(manifest["time"], str):
         raise SnapshotError(f"{source} has a malformed 'time' field (not a string)")
 
