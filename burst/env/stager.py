@@ -86,11 +86,14 @@ class Stager:
     def run_once(self) -> Readiness:
         """One pass: stage every part that lacks something, then publish. (The thread
         runs this in a loop; tests call it directly.)"""
+        if self.last is None:
+            self.publish()  # what is missing, before the first (maybe long) pass
         for part in self.parts:
             if self.stop_event.is_set():
                 break
             if not part.pending(self.store).ready:
                 part.stage(self.store, self.bucket, self.stop_event)
+                self.publish()  # a big part done: status sees the progress
         return self.publish()
 
     def readiness(self) -> Readiness:
