@@ -7,6 +7,9 @@ it when the node allows it (its directory can be created and written, and no dif
 file is in the way: a node's own data is never overwritten), otherwise under
 ``$BURST_NODE_DIR/inputs/<its absolute path>``. A file already there with the same
 content is kept (a managed job's recovery runs setup again and fetches nothing twice).
+``burst node run`` places them again before training: on a node whose setup and run share
+a disk that finds every file in place (by size and mtime, nothing read), and a node whose
+run does not see what setup wrote outside its home still gets them.
 
 Where each input went is written to ``$BURST_NODE_DIR/inputs/placed.json``;
 ``burst node run`` exports it (:func:`node_env`): ``$BURST_INPUTS_MAP`` names that file,
@@ -42,9 +45,10 @@ def place(store: Store, run_id: str, node_dir: Path, say: Say = print) -> dict[s
         return None
     base = node_dir / "inputs"
     placed, fetched, kept = [], 0, 0
+    owner = {f.path: _owner(f.path, manifest.inputs) for f in manifest.files}
     for root in manifest.inputs:
         path = str(root["path"])
-        files = [f for f in manifest.files if _belongs(f.path, path)]
+        files = [f for f in manifest.files if owner[f.path] == path]
         target = path if root.get("kind") == "url" else _target(path, files, base)
         for entry in files:
             dest = Path(target) / os.path.relpath(entry.path, path) if entry.path != path \
@@ -74,6 +78,12 @@ def not_shipped(manifest: chunks.Manifest) -> list[dict[str, str]]:
     return [*manifest.refused, *skipped]
 
 
+def _owner(file: str, roots: list[dict[str, Any]]) -> str | None:
+    """The innermost input holding ``file`` (``~/data/shards`` before ``~/data``)."""
+    holding = [str(r["path"]) for r in roots if _belongs(file, str(r["path"]))]
+    return max(holding, key=len) if holding else None
+
+
 def _belongs(file: str, root: str) -> bool:
     return file == root or file.startswith(root.rstrip("/") + "/")
 
@@ -100,9 +110,14 @@ def _allowed(path: str, files: list[chunks.FileEntry]) -> bool:
 
 
 def _same(dest: Path, entry: chunks.FileEntry) -> bool:
+    """``dest`` holds the bytes ``entry`` names: by its size and mtime to the nanosecond
+    (what burst placed carries the run's mtime), else by hashing it."""
     try:
-        if dest.is_symlink() or dest.stat().st_size != entry.size:
+        st = dest.lstat()
+        if dest.is_symlink() or st.st_size != entry.size:
             return False
+        if st.st_mtime_ns == entry.mtime_ns and entry.hashed:
+            return True
         digest = hashlib.sha256()
         with open(dest, "rb") as existing:
             while block := existing.read(chunks.CHUNK_BYTES):

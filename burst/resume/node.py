@@ -286,6 +286,7 @@ def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | No
             restarts=None if start is None else start.restarts,
             errors=None if start is None else start.errors,
             preemptions=None if start is None else start.preemptions, **_where())
+    inputs_place.place(store, run_id, node_dir(), say)  # kept if setup's are in place
     env = {**plan.env, "BURST_LOCAL": str(local_dir), "PATH": _path_with(interpreter),
            "BURST_RUN_ID": run_id, "BURST_STORE": store_url,
            **inputs_place.node_env(node_dir())}  # where setup placed the run's inputs
