@@ -37,8 +37,11 @@ Say = Callable[[str], None]
 PLACED_FILE = "placed.json"
 
 
-def place(store: Store, run_id: str, node_dir: Path, say: Say = print) -> dict[str, Any] | None:
-    """Place the run's inputs on this node; the map written (None: the run has none)."""
+def place(store: Store, run_id: str, node_dir: Path, say: Say = print,
+          code_dir: Path | None = None) -> dict[str, Any] | None:
+    """Place the run's inputs on this node; the map written (None: the run has none).
+    An input that lay inside the project goes to the same place under ``code_dir`` (the
+    node's restored code, default ``node_dir/code``)."""
     manifest = chunks.load(store, run_id)
     if manifest is None:
         say("the run has no inputs manifest: no inputs placed")
@@ -50,6 +53,8 @@ def place(store: Store, run_id: str, node_dir: Path, say: Say = print) -> dict[s
         path = str(root["path"])
         files = [f for f in manifest.files if owner[f.path] == path]
         target = path if root.get("kind") == "url" else _target(path, files, base)
+        if root.get("code_rel"):
+            target = str(_inside(code_dir or node_dir / "code", str(root["code_rel"])))
         for entry in files:
             dest = Path(target) / os.path.relpath(entry.path, path) if entry.path != path \
                 else Path(target)
@@ -59,6 +64,8 @@ def place(store: Store, run_id: str, node_dir: Path, say: Say = print) -> dict[s
             fetched += _write(store, entry, dest)
         placed.append({**root, "placed": target})
         where = "the same path" if target == path else target
+        if root.get("code_rel"):
+            where = f"code/{root['code_rel']}"
         say(f"input {path}: {len(files)} file(s) at {where} (${root.get('env')})")
     say(f"inputs: {fetched / 1e6:.1f} MB fetched from the store and verified, "
         f"{kept} file(s) already here")
@@ -76,6 +83,14 @@ def not_shipped(manifest: chunks.Manifest) -> list[dict[str, str]]:
     skipped = [s for s in manifest.skipped if s.get("why") not in (names.IN_CODE,)
                and not str(s.get("why", "")).startswith(names.MIRROR)]
     return [*manifest.refused, *skipped]
+
+
+def _inside(code_dir: Path, rel: str) -> Path:
+    """``code_dir/rel``, refusing a ``rel`` from the manifest that climbs out of it."""
+    target = (code_dir / rel).resolve()
+    if not target.is_relative_to(code_dir.resolve()):
+        raise SnapshotError(f"refusing an input placed outside the code: {rel!r}")
+    return target
 
 
 def _owner(file: str, roots: list[dict[str, Any]]) -> str | None:

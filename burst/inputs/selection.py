@@ -9,7 +9,9 @@ environment (``sys.prefix``, the base prefix, site-packages), the system (``/usr
 when the code archive holds it already, but a file git ignores (nanoGPT's ``meta.pkl``
 under ``*.pkl``) is: the archive lacks it, so it travels as an input, and the freeze says so.
 
-Each input is a *root* the node places as a whole and exports one variable for: a
+Each input is a *root* the node places as a whole and exports one variable for (one inside
+the project, such as a gitignored ``data/``, goes to the same place in the node's restored
+code, where the script's relative paths find it): a
 declared file or directory (all of it), a hub cache (only the files read under it), or
 the directory of a file read elsewhere (its files, not its subdirectories, so a folder of
 shards read one by one arrives whole even if the laptop's run had not reached the last).
@@ -55,10 +57,11 @@ class Root:
     hub_env: str = ""  # for a hub cache: the variable its library reads (HF_HOME...)
     declared: bool = False
     env: str = ""  # the variable the node exports for it (set by name_variables)
+    code_rel: str = ""  # inside the project: its path there (a node puts it in its code)
 
     def to_json(self) -> dict[str, Any]:
         return {"path": self.path, "kind": self.kind, "env": self.env,
-                "hub_env": self.hub_env, "declared": self.declared}
+                "hub_env": self.hub_env, "declared": self.declared, "code_rel": self.code_rel}
 
 
 @dataclass
@@ -176,6 +179,9 @@ def choose(settings_: Settings, declared: Iterable[str], recorded: Iterable[str]
     for root in roots.values():
         _check(root, out, settings_)
     out.roots = [r for r in roots.values() if r.files or r.kind == "url"]
+    for root in out.roots:  # the project's gitignored data/ goes beside the node's code
+        if code_root and root.kind != "url" and under(root.path, code_root):
+            root.code_rel = os.path.relpath(root.path, code_root)
     name_variables(out.roots)
     _say_ignored(out)
     return out

@@ -75,7 +75,7 @@ def setup(run_id: str, store: Store, *, python: str | None, venv: Path, code_dir
         say(f"restored {len(files)} files of code {code_ref['archive'][:12]} into {code_dir}")
     else:
         say("the run has no code archive: the entry point must already be on this node")
-    inputs_place.place(store, run_id, node_dir(), say)  # where the script reads them
+    inputs_place.place(store, run_id, node_dir(), say, code_dir)  # where the script reads them
     if lock is None:
         say("the run has no frozen environment: using the interpreter as it is")
         return

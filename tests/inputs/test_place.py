@@ -135,3 +135,19 @@ def test_the_node_says_which_file_the_run_read_was_not_shipped(store, dataset, t
     assert said[-1] == (f"warning: the run read {dataset / 'tokens.bin'}, which was not "
                         "shipped (over the size limit (21.0 MB > 1.0 kB: raise [inputs] "
                         "max_bytes or $BURST_INPUTS_MAX_BYTES)): the run here will not find it")
+
+
+def test_an_input_inside_the_project_goes_beside_the_nodes_code(store, tmp_path):
+    project = tmp_path / "project"
+    (project / "data").mkdir(parents=True)
+    (project / "data" / "vocab.json").write_text("[]")
+    inputs = part.InputsPart("run", record=True, say=lambda _l: None)
+    inputs.set_code(str(project), ["train.py"])  # data/ is gitignored: not in the archive
+    (project / "data" / "vocab.json").read_text()
+    inputs.stage(store)
+    code = tmp_path / "node" / "code"
+    place.place(store, "run", tmp_path / "node", say=lambda _l: None, code_dir=code)
+    assert (code / "data" / "vocab.json").read_text() == "[]"
+    env = node_view(tmp_path / "node")
+    assert burst.input_path(project / "data" / "vocab.json", env) == str(code / "data"
+                                                                          / "vocab.json")
