@@ -289,3 +289,28 @@ def test_the_stager_follows_the_wheelhouse_choice_recorded_at_push(s3, tmp_path)
     assert stager.readiness().ready
     stager.run_once()
     assert s3.list("wheels/") == []
+
+
+def test_a_run_with_a_remote_store_pre_stages_and_its_close_stops_the_stager(s3, tmp_path,
+                                                                           monkeypatch):
+    import torch
+
+    import burst
+
+    monkeypatch.chdir(project(tmp_path))
+    tier = tmp_path / "tier"
+    run = burst.Run("staged", store=s3, local=str(tier), global_batch=4)
+    model = torch.nn.Linear(2, 2)
+    run.attach(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    deadline = time.monotonic() + 60
+    published = None
+    while time.monotonic() < deadline and not (published and published.ready):
+        time.sleep(0.1)
+        published = readiness.load(open_store(str(tier)), "staged")
+    assert published is not None and published.ready
+    assert any(t.name == "burst-stage" for t in threading.enumerate())
+    run.close()
+    deadline = time.monotonic() + 10
+    while any(t.name == "burst-stage" for t in threading.enumerate()):
+        assert time.monotonic() < deadline, "the stager outlived the run's close"
+        time.sleep(0.05)
