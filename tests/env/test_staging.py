@@ -314,3 +314,12 @@ def test_a_run_with_a_remote_store_pre_stages_and_its_close_stops_the_stager(s3,
     while any(t.name == "burst-stage" for t in threading.enumerate()):
         assert time.monotonic() < deadline, "the stager outlived the run's close"
         time.sleep(0.05)
+
+
+def test_the_wheels_the_stager_reads_are_never_taken_for_the_runs_inputs(tmp_path,
+                                                                      monkeypatch):
+    from burst.inputs import selection
+
+    monkeypatch.setenv(wheelhouse.CACHE_ENV, str(tmp_path / "wheel-cache"))
+    wheel = str(tmp_path / "wheel-cache" / "built" / "torch-2.5.1-cp311-linux_x86_64.whl")
+    assert any(selection.under(wheel, d) for d in selection.environment_dirs())
