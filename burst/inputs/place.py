@@ -52,9 +52,10 @@ def place(store: Store, run_id: str, node_dir: Path, say: Say = print,
     for root in manifest.inputs:
         path = str(root["path"])
         files = [f for f in manifest.files if owner[f.path] == path]
-        target = path if root.get("kind") == "url" else _target(path, files, base)
-        if root.get("code_rel"):
+        if root.get("code_rel"):  # never probed at its path here: the project is not here
             target = str(_inside(code_dir or node_dir / "code", str(root["code_rel"])))
+        else:
+            target = path if root.get("kind") == "url" else _target(path, files, base)
         for entry in files:
             dest = Path(target) / os.path.relpath(entry.path, path) if entry.path != path \
                 else Path(target)

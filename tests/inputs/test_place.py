@@ -145,9 +145,10 @@ def test_an_input_inside_the_project_goes_beside_the_nodes_code(store, tmp_path)
     inputs.set_code(str(project), ["train.py"])  # data/ is gitignored: not in the archive
     (project / "data" / "vocab.json").read_text()
     inputs.stage(store)
+    shutil.rmtree(project)  # the node has no project, and burst makes none
     code = tmp_path / "node" / "code"
     place.place(store, "run", tmp_path / "node", say=lambda _l: None, code_dir=code)
-    assert (code / "data" / "vocab.json").read_text() == "[]"
+    assert (code / "data" / "vocab.json").read_text() == "[]" and not project.exists()
     env = node_view(tmp_path / "node")
     assert burst.input_path(project / "data" / "vocab.json", env) == str(code / "data"
                                                                           / "vocab.json")
