@@ -85,6 +85,9 @@ ENV_AMP = "BURST_AMP"
 ENV_ACCUMULATION = "BURST_ACCUMULATION"  # the rest of a plan: checked, not trusted blindly
 ENV_WORLD_SIZE = "BURST_WORLD_SIZE"
 ENV_TF32 = "BURST_TF32"
+# the persist interval of a run whose code leaves it to burst: an operator or a drill sets
+# the cadence without editing the script (a value the code gives always wins)
+ENV_PERSIST_SECONDS = "BURST_PERSIST_SECONDS"
 INTERVALS_EVENT = "snapshot-intervals"  # the intervals chosen from measured costs
 # How long rank 0 waits for the other ranks' pieces of a sharded snapshot after its own
 # is stored: they write the same share of bytes at the same time, so far more than a
@@ -200,6 +203,9 @@ class Run:
                                                                         "shadow_every")
         self.persist_every = None if persist_every is None else _positive(persist_every,
                                                                           "persist_every")
+        if persist_seconds == adaptive.AUTO and persist_every is None \
+                and os.environ.get(ENV_PERSIST_SECONDS):
+            persist_seconds = _seconds_from_env(os.environ[ENV_PERSIST_SECONDS])
         self.persist_seconds = _persist_seconds(persist_seconds)
         self._adaptive = adaptive.Adaptive(
             _budget(overhead_budget), shadow_every=self.shadow_every,
@@ -997,6 +1003,14 @@ def _persist_seconds(value: float | str | None) -> float | str | None:
         raise ConfigError(f"persist_seconds must be a positive number, None or "
                           f"{adaptive.AUTO!r}, got {value!r}")
     return float(value)
+
+
+def _seconds_from_env(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        raise ConfigError(f"${ENV_PERSIST_SECONDS} must be a number of seconds, "
+                          f"got {text!r}") from None
 
 
 def _budget(value: float) -> float:

@@ -12,10 +12,12 @@ from click.testing import CliRunner
 import burst
 from burst.cli import main as cli_main
 from burst.env.freeze import FREEZE_ENV
+from burst.errors import ConfigError
 from burst.resume.status import intervals_line, run_status
 from burst.snapshot import reader
 from burst.store import LocalStore
 from burst.training.adaptive import FIRST_PERSIST_SECONDS, Adaptive
+from burst.training.run import ENV_PERSIST_SECONDS
 
 
 class Clock:
@@ -146,3 +148,31 @@ def test_persist_every_alone_means_no_timed_persists(tmp_path, monkeypatch):
     assert reader.list_steps(store, "steps") == [3]
     assert run.intervals().persist_seconds is None
     run.close()
+
+
+def test_the_environment_sets_the_persist_cadence_a_script_left_to_burst(tmp_path, monkeypatch):
+    monkeypatch.setenv(FREEZE_ENV, "0")
+    monkeypatch.setenv(ENV_PERSIST_SECONDS, "4")
+    clock = Clock()
+    store = LocalStore(tmp_path / "store")
+    run = burst.Run("cadence", store=store, global_batch=2, clock=clock)
+    train(run, clock, steps=3, seconds=2.0)  # 6 s: past the operator's 4, under burst's 10
+    run.flush()
+    assert reader.list_steps(store, "cadence") == [2]
+    assert run.intervals().persist_seconds == 4.0
+    run.close()
+
+
+def test_a_persist_interval_the_code_gives_wins_over_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv(FREEZE_ENV, "0")
+    monkeypatch.setenv(ENV_PERSIST_SECONDS, "4")
+    run = burst.Run("given", store=LocalStore(tmp_path / "store"), global_batch=2,
+                    persist_seconds=30.0, clock=Clock())
+    assert run.intervals().persist_seconds == 30.0
+    run.close()
+
+
+def test_a_persist_cadence_that_is_not_a_number_is_refused_in_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv(ENV_PERSIST_SECONDS, "often")
+    with pytest.raises(ConfigError, match=r"\$BURST_PERSIST_SECONDS must be a number"):
+        burst.Run("bad", store=LocalStore(tmp_path / "store"), global_batch=2)
