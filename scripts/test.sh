@@ -31,6 +31,12 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# the suite's sealed nodes write several GB of temporaries: CI starts on a machine where
+# earlier runs may have left theirs, so a CI run clears them and says how much room is left
+if [ "${CI:-}" = "true" ]; then
+  rm -rf "${TMPDIR:-/tmp}/pytest-of-$(id -un)"
+fi
+echo "free for temporaries: $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -n 1 | tr -d ' ')" >&2
 .venv/bin/ruff check burst tests scripts
 # burst runs on Python 3.10 too (a cloud node's Ubuntu 22.04): no newer stdlib in the package
 .venv/bin/vermin --quiet --no-tips --violations --eval-annotations --target=3.10- burst scripts
