@@ -297,7 +297,9 @@ def run_case(case: str, args: argparse.Namespace, work: Path, proxy: ShapedProxy
     if stager is not None:
         stager.stop()
     up_before = proxy.up_bytes
-    pending_cuda = sum(p.pending(store).bytes for p in cuda_parts(house, run_id))
+    cuda_pending = [p.pending(store) for p in cuda_parts(house, run_id)]
+    pending_cuda = house.bytes if any(p.objects and not p.bytes for p in cuda_pending) \
+        else sum(p.bytes for p in cuda_pending)  # "not built yet": all of it
     cuda_up = 0.0
     if pending_cuda:  # what a burst of a CUDA run sends before it can launch
         began = time.monotonic()
