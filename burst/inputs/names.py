@@ -20,4 +20,5 @@ OVER_LIMIT = "over the size limit"
 IN_CODE = "inside the code archive already"
 MIRROR = "in a hub cache; the node uses the hub mirror instead"
 EXCLUDED = "excluded by [inputs] exclude"
+SECRET = "a secret (credentials, keys): never shipped"
 REFUSED = (UNREADABLE, DEVICE, OVER_LIMIT)

@@ -5,7 +5,8 @@ Inputs come from three places: what the run declares (``burst.Run(inputs=...)``,
 process read (:mod:`burst.inputs.recorder`), and the hub caches those reads fall in
 (:mod:`burst.inputs.hubs`). A read path is not an input when it lies in the Python
 environment (``sys.prefix``, the base prefix, site-packages), the system (``/usr``,
-``/proc``...), burst's own stores, or is Python code; inside the project it is not one
+``/proc``...), burst's own stores, or is Python code; a secret (``~/.aws/credentials``,
+``.env``, a private key: the code archive's rules) never travels; inside the project it is not one
 when the code archive holds it already, but a file git ignores (nanoGPT's ``meta.pkl``
 under ``*.pkl``) is: the archive lacks it, so it travels as an input, and the freeze says so.
 
@@ -35,6 +36,7 @@ from typing import Any
 
 from burst import config as user_config
 from burst.env import wheelhouse
+from burst.env.redact import holds_private_key, is_secret_path
 from burst.errors import ConfigError
 from burst.inputs import hubs, names
 
@@ -43,6 +45,7 @@ DEFAULT_MAX_BYTES = 50 * 10**9
 SYSTEM_DIRS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc",
                "/proc", "/sys", "/dev", "/run", "/snap", "/var/lib", "/var/cache", "/boot")
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pth", ".so", ".pyi")
+SECRET_SCAN_BYTES = 1 << 20  # files up to this size are searched for a private key
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
           "gib": 1 << 30, "tib": 1 << 40}
@@ -294,6 +297,9 @@ def _check(root: Root, out: Selection, s: Settings) -> None:
         return
     total, good = 0, []
     for path in root.files:
+        if secret(path):
+            out.skipped.append({"path": path, "why": names.SECRET})
+            continue
         why = unshippable(path)
         if why:
             out.refused.append({"path": path, "why": why})
@@ -313,6 +319,21 @@ def human(size: int) -> str:
         if size >= scale:
             return f"{size / scale:.1f} {unit}"
     return f"{size} bytes"
+
+
+def secret(path: str) -> bool:
+    """A file that must never reach a store: a secret name or folder (``~/.aws``,
+    ``.env``, ``id_*``... as for the code archive) or a small file holding a private key."""
+    if is_secret_path(path.lstrip("/")):
+        return True
+    try:
+        st = os.stat(path)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > SECRET_SCAN_BYTES:
+            return False  # a FIFO would block the read; a large file is data
+        with open(path, "rb") as source:
+            return holds_private_key(source.read())
+    except OSError:
+        return False
 
 
 def unshippable(path: str) -> str | None:

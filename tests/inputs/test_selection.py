@@ -160,3 +160,21 @@ def test_settings_come_from_the_config_file_and_the_environment(tmp_path):
 def test_a_size_that_is_not_one_is_a_one_line_error():
     with pytest.raises(ConfigError, match="not a size"):
         selection.settings({"inputs": {"max_bytes": "lots"}}, {})
+
+
+def test_credentials_read_beside_the_data_never_travel(tmp_path, dataset):
+    (dataset / "docs" / ".env").write_text("AWS_SECRET_ACCESS_KEY=canary\n")
+    aws = tmp_path / ".aws"
+    aws.mkdir()
+    (aws / "config").write_text("[default]\n")
+    chosen = choose([dataset / "docs" / "doc0.txt", aws / "config"])
+    assert str(dataset / "docs" / ".env") not in shipped(chosen)
+    assert str(aws / "config") not in shipped(chosen)
+    assert {s["why"] for s in chosen.skipped} == {names.SECRET}
+
+
+def test_a_small_file_holding_a_private_key_never_travels(dataset):
+    key = dataset / "docs" / "deploy.txt"
+    key.write_text("-----BEGIN OPENSSH PRIVATE KEY-----\n" + "A" * 64 +
+                   "\n-----END OPENSSH PRIVATE KEY-----\n")
+    assert str(key) not in shipped(choose([dataset / "docs" / "doc0.txt"]))
