@@ -295,29 +295,23 @@ _REFRESHING: set[tuple[str, str]] = set()
 
 
 def refresh(store: Store, run_id: str) -> None:
-    """At a persisted snapshot: make sure the store names what the run has read (the
-    draft: a stat per file, a small write when it changed), then stage the rest in a
-    thread. A snapshot ``burst resume`` can start from thus always comes with the list of
-    its inputs, even when the run dies before they are uploaded."""
+    """At a persisted snapshot, in a thread: make sure the store names what the run
+    has read (the draft: a stat per file, a small write when it changed), then stage the
+    rest (unless the run's stager does). A run that dies before its inputs are uploaded
+    thus still names them for ``burst resume``."""
     part = registered(store, run_id)
     key = (store.url, run_id)
     if part is None:
-        return
-    try:
-        part.draft(store)
-    except Exception as exc:
-        part.say(f"inputs: could not record what the run read: {exc}")
-        return
-    if part.managed:
         return
     with _GUARD:
         if key in _REFRESHING:
             return
         _REFRESHING.add(key)
 
-    def work() -> None:
+    def work() -> None:  # never in the training thread: a slow store must not stall it
         try:
-            if not part.pending(store).ready:
+            part.draft(store)
+            if not part.managed and not part.pending(store).ready:
                 part.stage(store)
         except Exception as exc:
             part.say(f"inputs: could not stage: {exc}")

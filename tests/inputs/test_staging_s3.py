@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import time
 
 import pytest
 
@@ -139,7 +140,10 @@ def test_a_draft_names_a_file_that_changed_since_it_was_staged_by_its_new_stat(s
     assert not doc.hashed and doc.size == len("edited after staging\n")
 
 
-def test_a_persisted_snapshot_writes_the_draft_before_it_returns(s3, dataset):
+def test_a_persisted_snapshot_writes_the_draft_in_the_background(s3, dataset):
     part.declare(s3, "run", [dataset])
     part.refresh(s3, "run")
+    deadline = time.monotonic() + 30
+    while chunks.load(s3, "run") is None and time.monotonic() < deadline:
+        time.sleep(0.05)
     assert chunks.load(s3, "run") is not None
