@@ -160,8 +160,10 @@ def start_for_run(store: Store, run_id: str, *, local: Store | None,
     ready), or ``$BURST_STAGE=0``."""
     if is_local(store):
         ready = readiness.estimate([], None, 0, staging=LOCAL_ONLY)
-        with contextlib.suppress(BurstError, OSError):
-            readiness.save(store, run_id, ready)
+        # written beside training, never in its thread: a slow or hung disk must not hold
+        # up the run's start for a record that only says "ready"
+        threading.Thread(target=_save_quietly, args=(store, run_id, ready),
+                         name="burst-readiness", daemon=True).start()
         if on_readiness is not None:
             on_readiness(ready)
         return None
@@ -170,6 +172,11 @@ def start_for_run(store: Store, run_id: str, *, local: Store | None,
     context = stageparts.Context(run_id, lock, code_dir, exclude)
     return Stager(store, run_id, stageparts.parts_for(context), state=local,
                   on_readiness=on_readiness).start()
+
+
+def _save_quietly(store: Store, run_id: str, ready: Readiness) -> None:
+    with contextlib.suppress(BurstError, OSError):
+        readiness.save(store, run_id, ready)
 
 
 def for_run(store: Store, run_id: str, local: Store | None,

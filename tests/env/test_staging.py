@@ -219,8 +219,15 @@ def test_a_local_store_counts_as_ready_with_staging_off(tmp_path):
     store = LocalStore(tmp_path / "store")
     assert start_for_run(store, "run", local=None, lock=small_lock, code_dir=tmp_path,
                          exclude=[]) is None
-    published = readiness.load(store, "run")
+    published = _published(store, "run")  # written beside training, not in its thread
     assert published.ready and published.staging == LOCAL_ONLY
+
+
+def _published(store, run_id: str, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while (found := readiness.load(store, run_id)) is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    return found
 
 
 # -- killed mid-way ------------------------------------------------------------------------
