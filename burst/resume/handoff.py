@@ -177,8 +177,8 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
                    skypilot=request.skypilot_catalog)
     candidates = fitting(plans, request.micro_batch)
     envs = task_envs(request, lock, warnings)
-    envs.update(hub_mirrors)  # the hub mirror the user prefers to the cache's files
     warnings += bucket_region.forward(store, envs)  # the node signs for the bucket's own
+    envs.update(hub_mirrors)  # the hub mirror the user prefers to the cache's files
     mirror_envs, mirror_secrets = ({}, {}) if request.software.python is not None \
         else mirrors.forwarded()
     mirror_envs.update(interpreter.forwarded() if request.software.python is None else {})
