@@ -45,6 +45,11 @@ DEFAULT_MAX_BYTES = 50 * 10**9
 SYSTEM_DIRS = ("/usr", "/lib", "/lib32", "/lib64", "/libx32", "/bin", "/sbin", "/etc",
                "/proc", "/sys", "/dev", "/run", "/snap", "/var/lib", "/var/cache", "/boot")
 CODE_SUFFIXES = (".py", ".pyc", ".pyo", ".pth", ".so", ".pyi")
+# folders whose files a process reads as tooling, never as data: a package's metadata (an
+# editable install's, read by importlib.metadata; the node installs the package itself) and
+# the caches of test and lint tools
+TOOLING_DIRS = (".egg-info", ".dist-info", ".pytest_cache", ".mypy_cache", ".ruff_cache",
+                ".hypothesis", ".ipynb_checkpoints")
 SECRET_SCAN_BYTES = 1 << 20  # files up to this size are searched for a private key
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,
           "gb": 10**9, "t": 10**12, "tb": 10**12, "kib": 1 << 10, "mib": 1 << 20,
@@ -240,7 +245,7 @@ def _recorded(path: str, roots: dict[str, Root], out: Selection, s: Settings,
               code_root: str | None, in_archive: set[str], ignored: Mapping[str, str],
               env_dirs: list[str], hub_list: list[hubs.Hub],
               environ: Mapping[str, str] | None) -> None:
-    if path.endswith(CODE_SUFFIXES) or "/__pycache__/" in path:
+    if path.endswith(CODE_SUFFIXES) or "/__pycache__/" in path or _tooling(path):
         return
     if any(under(path, d) for d in env_dirs) or not os.path.isfile(path):
         return  # the environment's, the system's, or gone (a temporary file)
@@ -278,6 +283,10 @@ def _recorded(path: str, roots: dict[str, Root], out: Selection, s: Settings,
                                              and not _excluded(p, s)])
     if path not in roots[folder].files:
         roots[folder].files.append(path)
+
+
+def _tooling(path: str) -> bool:
+    return any(part.endswith(TOOLING_DIRS) for part in path.split("/")[:-1])
 
 
 def _plain(path: str) -> bool:

@@ -38,6 +38,15 @@ def test_python_code_read_outside_the_project_is_not_an_input(tmp_path):
     assert choose([tmp_path / "helper.py"]).roots == []
 
 
+def test_package_metadata_and_tool_caches_read_by_the_process_are_not_inputs(tmp_path):
+    read = []
+    for folder in ("proj/pkg.egg-info", "proj/.pytest_cache/v/cache", "env/x-1.0.dist-info"):
+        (tmp_path / folder).mkdir(parents=True)
+        (tmp_path / folder / "entry").write_text("x\n")
+        read.append(tmp_path / folder / "entry")
+    assert choose(read).roots == []
+
+
 def test_a_file_read_outside_the_project_travels_with_its_folder(dataset):
     chosen = choose([dataset / "docs" / "doc0.txt"])
     assert [r.path for r in chosen.roots] == [str(dataset / "docs")]
