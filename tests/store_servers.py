@@ -30,6 +30,8 @@ from typing import Any
 
 import pytest
 
+from tests.fault_proxy import FaultProxy, start
+
 ACCESS_KEY, SECRET_KEY = "burst-test-key", "burst-test-secret"
 BUCKET = "burst"
 BIN = Path(sys.executable).parent
@@ -235,6 +237,21 @@ def start_rclone(base: Path, cert: Path, key: Path) -> S3Server:
                   lambda server: server.client().list_objects_v2(Bucket=BUCKET) is not None,
                   "rclone serve s3",
                   env={**os.environ, "RCLONE_CONFIG": str(base / "rclone.conf")})
+
+
+@pytest.fixture
+def seaweed_proxy(seaweed: S3Server, monkeypatch: pytest.MonkeyPatch
+                  ) -> Iterator[tuple[FaultProxy, str]]:
+    """SeaweedFS behind a fresh fault proxy: the proxy (to arm faults, read its log) and
+    the endpoint to give a store."""
+    aws_env(monkeypatch)
+    faults = FaultProxy(seaweed.endpoint, seaweed.ca_bundle)
+    server, endpoint = start(faults)
+    try:
+        yield faults, endpoint
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 @pytest.fixture(scope="session")

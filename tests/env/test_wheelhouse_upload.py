@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import os
 import re
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,8 +14,7 @@ from burst.env import wheelhouse
 from burst.errors import StoreError
 from burst.store import open_store
 from burst.store.retry import RetryPolicy
-from tests.fault_proxy import FaultProxy, start
-from tests.store_servers import S3Server, aws_env
+from tests.fault_proxy import FaultProxy
 
 PART = 5 << 20
 FAST = RetryPolicy(attempts=2, base=0.05, cap=0.1)
@@ -24,15 +22,8 @@ DIGEST = "cd" * 32
 
 
 @pytest.fixture
-def proxy(seaweed: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FaultProxy, str]]:
-    aws_env(monkeypatch)
-    faults = FaultProxy(seaweed.endpoint, seaweed.ca_bundle)
-    server, endpoint = start(faults)
-    try:
-        yield faults, endpoint
-    finally:
-        server.shutdown()
-        server.server_close()
+def proxy(seaweed_proxy: tuple[FaultProxy, str]) -> tuple[FaultProxy, str]:
+    return seaweed_proxy  # tests/store_servers.py: SeaweedFS behind a fresh fault proxy
 
 
 def synthetic_wheel(root: Path, name: str, size: int) -> wheelhouse.Wheel:

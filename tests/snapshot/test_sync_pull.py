@@ -7,7 +7,6 @@ checked directly in the local tier: every blob verified, a snapshot complete or 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,8 +20,8 @@ from burst.snapshot.tensors import load_tensors, pull_tensors
 from burst.store import LocalStore, MemoryStore, open_store
 from burst.store.retry import RetryPolicy
 from burst.store.s3 import S3Store
-from tests.fault_proxy import FaultProxy, start
-from tests.store_servers import S3Server, aws_env
+from tests.fault_proxy import FaultProxy
+from tests.store_servers import S3Server
 
 RUN = "pull"
 FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05)
@@ -31,15 +30,8 @@ BIG = (PART + PART // 2) // 4  # float32s: one blob of one and a half parts
 
 
 @pytest.fixture
-def proxy(seaweed: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FaultProxy, str]]:
-    aws_env(monkeypatch)
-    faults = FaultProxy(seaweed.endpoint, seaweed.ca_bundle)
-    server, endpoint = start(faults)
-    try:
-        yield faults, endpoint
-    finally:
-        server.shutdown()
-        server.server_close()
+def proxy(seaweed_proxy: tuple[FaultProxy, str]) -> tuple[FaultProxy, str]:
+    return seaweed_proxy  # tests/store_servers.py: SeaweedFS behind a fresh fault proxy
 
 
 def tensors(step: int) -> dict[str, torch.Tensor]:

@@ -7,7 +7,6 @@ import os
 import re
 import threading
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,8 +15,8 @@ from burst.errors import StoreError
 from burst.store import open_store
 from burst.store.files import upload_files
 from burst.store.retry import RetryPolicy
-from tests.fault_proxy import FaultProxy, start
-from tests.store_servers import S3Server, aws_env
+from tests.fault_proxy import FaultProxy
+from tests.store_servers import aws_env
 
 PART = 5 << 20  # S3's smallest part: a 23 MiB file goes up in 5 parts
 PART_PUT = r"[?&]partNumber=(\d+)"
@@ -25,15 +24,8 @@ FAST = RetryPolicy(attempts=2, base=0.05, cap=0.1)
 
 
 @pytest.fixture
-def proxy(seaweed: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FaultProxy, str]]:
-    aws_env(monkeypatch)
-    faults = FaultProxy(seaweed.endpoint, seaweed.ca_bundle)
-    server, endpoint = start(faults)
-    try:
-        yield faults, endpoint
-    finally:
-        server.shutdown()
-        server.server_close()
+def proxy(seaweed_proxy: tuple[FaultProxy, str]) -> tuple[FaultProxy, str]:
+    return seaweed_proxy  # tests/store_servers.py: SeaweedFS behind a fresh fault proxy
 
 
 def a_file(tmp_path: Path, size: int, name: str = "big.whl") -> tuple[Path, bytes]:

@@ -29,7 +29,7 @@ from burst.store import LocalStore, open_store
 from burst.store.retry import RetryPolicy
 from burst.store.s3 import S3Store
 from tests.env_helpers import build_wheel, tiny_lockfile
-from tests.fault_proxy import FaultProxy, start
+from tests.fault_proxy import FaultProxy
 from tests.store_servers import S3Server, aws_env
 
 RUN = "faulty"
@@ -40,15 +40,8 @@ MANIFESTS = r"/snapshots/\d+\.json"
 
 
 @pytest.fixture
-def proxy(seaweed: S3Server, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[FaultProxy, str]]:
-    aws_env(monkeypatch)
-    faults = FaultProxy(seaweed.endpoint, seaweed.ca_bundle)
-    server, endpoint = start(faults)
-    try:
-        yield faults, endpoint
-    finally:
-        server.shutdown()
-        server.server_close()
+def proxy(seaweed_proxy: tuple[FaultProxy, str]) -> tuple[FaultProxy, str]:
+    return seaweed_proxy  # tests/store_servers.py: SeaweedFS behind a fresh fault proxy
 
 
 def captured(step: int) -> snapshot.Captured:
