@@ -12,14 +12,15 @@ from __future__ import annotations
 import http.client
 import re
 import ssl
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import urlparse
 
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+
+from tests.loopback_http import Served
 
 _AUTH = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/s3/aws4_request, "
                    r"SignedHeaders=([^,]+), Signature=([0-9a-f]+)")
@@ -29,7 +30,7 @@ _NOT_FORWARDED = _HOP | {"host", "authorization", "x-amz-date", "x-amz-content-s
 
 
 @dataclass
-class CnameProxy:
+class CnameProxy(Served):
     upstream: str
     ca_bundle: str | None
     bucket: str
@@ -38,36 +39,6 @@ class CnameProxy:
     region: str  # the signing region the client must use
     upstream_region: str = "us-east-1"
     paths: list[str] = field(default_factory=list)  # every path asked for, as received
-    _server: ThreadingHTTPServer | None = None
-
-    @property
-    def endpoint(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
-
-    def __enter__(self) -> CnameProxy:
-        proxy = self
-
-        class Handler(BaseHTTPRequestHandler):
-            protocol_version = "HTTP/1.1"
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-            def _any(self) -> None:
-                proxy.handle(self)
-
-            do_GET = do_PUT = do_POST = do_HEAD = do_DELETE = _any
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        assert self._server is not None
-        self._server.shutdown()
-        self._server.server_close()
 
     # -- one request --------------------------------------------------------------------
 

@@ -14,10 +14,11 @@ role's temporary credentials, as the clouds answer them.
 from __future__ import annotations
 
 import json
-import threading
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs
+
+from tests.loopback_http import Served
 
 ROLE = "burst-node-role"
 ROLE_ARN = "arn:aws:iam::123456789012:role/burst-node-role"
@@ -25,48 +26,27 @@ WEB_TOKEN = "eyJ-a-web-identity-token"
 
 
 @dataclass
-class RoleMetadata:
+class RoleMetadata(Served):
     access_key: str
     secret_key: str
     session_token: str
     asked: list[str] = field(default_factory=list)  # "METHOD path" of every request
-    _server: ThreadingHTTPServer | None = None
     _aws_token: str = "imds-session-token"
     _ecs_token: str = "ecs-session-token"
 
     @property
     def url(self) -> str:
-        assert self._server is not None
-        return f"http://127.0.0.1:{self._server.server_address[1]}"
+        return self.endpoint
 
-    def __enter__(self) -> RoleMetadata:
-        fake = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def _any(self) -> None:
-                length = int(self.headers.get("Content-Length") or 0)
-                body = self.rfile.read(length).decode() if length else ""
-                status, text = fake.answer(self.command, self.path, self.headers, body)
-                data = text.encode()
-                self.send_response(status)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            do_GET = do_PUT = do_POST = _any
-
-            def log_message(self, *_: object) -> None:
-                pass
-
-        self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._server.daemon_threads = True
-        threading.Thread(target=self._server.serve_forever, args=(0.05,), daemon=True).start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        assert self._server is not None
-        self._server.shutdown()
-        self._server.server_close()
+    def handle(self, handler: BaseHTTPRequestHandler) -> None:
+        length = int(handler.headers.get("Content-Length") or 0)
+        body = handler.rfile.read(length).decode() if length else ""
+        status, text = self.answer(handler.command, handler.path, handler.headers, body)
+        data = text.encode()
+        handler.send_response(status)
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
 
     def answer(self, method: str, path: str, headers, body: str) -> tuple[int, str]:
         self.asked.append(f"{method} {path}")
