@@ -49,3 +49,21 @@ class Served:
         assert self._server is not None
         self._server.shutdown()
         self._server.server_close()
+
+
+def answer(handler: BaseHTTPRequestHandler, status: int, headers: dict[str, str],
+           body: bytes) -> None:
+    """Send an S3-style answer: a HEAD carries the object's size and never a body."""
+    handler.send_response(status)
+    for key, value in headers.items():
+        if key.lower() != "content-length":
+            handler.send_header(key, value)
+    length = headers.get("Content-Length") or headers.get("content-length")
+    if handler.command == "HEAD" and length is not None:
+        handler.send_header("Content-Length", length)  # the object's size, no body
+    else:
+        handler.send_header("Content-Length", str(len(body)) if handler.command != "HEAD"
+                            else "0")
+    handler.end_headers()
+    if handler.command != "HEAD":
+        handler.wfile.write(body)

@@ -25,7 +25,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from tests.loopback_http import Served
+from tests.loopback_http import Served, answer
 
 _AUTH = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/s3/aws4_request, "
                    r"SignedHeaders=([^,]+), Signature=([0-9a-f]+)")
@@ -129,19 +129,4 @@ class RegionProxy(Served):
         self._answer(handler, response.status, kept, answer)
         return response.status
 
-    @staticmethod
-    def _answer(handler: BaseHTTPRequestHandler, status: int, headers: dict[str, str],
-                body: bytes) -> None:
-        handler.send_response(status)
-        for key, value in headers.items():
-            if key.lower() != "content-length":
-                handler.send_header(key, value)
-        length = headers.get("Content-Length") or headers.get("content-length")
-        if handler.command == "HEAD" and length is not None:
-            handler.send_header("Content-Length", length)  # the object's size, no body
-        else:
-            handler.send_header("Content-Length", str(len(body)) if handler.command != "HEAD"
-                                else "0")
-        handler.end_headers()
-        if handler.command != "HEAD":
-            handler.wfile.write(body)
+    _answer = staticmethod(answer)
