@@ -51,13 +51,13 @@ PERSIST_START = "snapshot.marker-written"  # a persist's first point of its own
 PERSIST_POINT = "snapshot.blob"  # a blob of the second persist is being written: kill there
 
 
-def scenarios(script: Script, killpoint: int) -> dict[str, list[dict[str, str]]]:
+def scenarios(script: Script, killpoint: str) -> dict[str, list[dict[str, str]]]:
     """Each scenario's runs, as the environment of each: the last one runs to the end."""
     return {
         "reference": [{}],
         "before_first_persist": [{"BURST_FAULT": "kill@2:1"}, {}],
         "mid_accumulation": [{"BURST_FAULT": "kill@5:1"}, {}],
-        "during_persist": [{"BURST_KILLPOINT": str(killpoint)}, {}],
+        "during_persist": [{"BURST_KILLPOINT": killpoint}, {}],
         "near_end": [{"BURST_FAULT": f"kill@{script.last_step}:{script.last_micro}"}, {}],
         "twice_in_a_row": [{"BURST_FAULT": "kill@5:0"}, {"BURST_FAULT": "kill@10:1"}, {}],
     }
@@ -93,9 +93,11 @@ def run_child(main, argv: list[str], env: dict[str, str], err: Path) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def killpoint_of_second_persist(main, argv: list[str], work: Path) -> int:
-    """The 1-based index of the first point after the second persist's first blob began,
-    counted on an unkilled run that logs every point (the persister alone reaches them)."""
+def killpoint_of_second_persist(main, argv: list[str], work: Path) -> str:
+    """The kill point just after the second persist's first blob began (its temporary
+    written, not renamed), found on an unkilled run that logs every point. It counts blobs
+    only, and the point after is the same thread's: the run's other writers (its inputs
+    staged in the background, its events) reach points at times no two runs share."""
     log = work / "points.log"
     code = run_child(main, [*argv, "--run-id", "count-points", "--store", str(work / "count")],
                      {"BURST_KILLPOINT_LOG": str(log)}, work / "count.err")
@@ -104,7 +106,8 @@ def killpoint_of_second_persist(main, argv: list[str], work: Path) -> int:
     names = [line.split(" ", 1)[1] for line in log.read_text().splitlines()]
     second = [i for i, name in enumerate(names) if name == PERSIST_START][1]
     blob = names.index(PERSIST_POINT, second)
-    return blob + 2  # (1-based) the point after it: its temporary written, not renamed
+    nth = names[:blob + 1].count(PERSIST_POINT)
+    return f"{PERSIST_POINT}#{nth}+1"
 
 
 def main() -> None:
