@@ -10,12 +10,14 @@ from collections.abc import Callable
 
 import click
 
+from burst.cli import UserFacingError
 from burst.cli.options import json_option, open_existing, store_option, store_settings
 from burst.cli.progress import transfer_bar
 from burst.errors import SnapshotError
 from burst.snapshot import reader as snapshot
-from burst.snapshot.catalog import human_bytes, list_runs, snapshot_rows
+from burst.snapshot.catalog import human_bytes, list_runs, snapshot_rows, unreadable
 from burst.store import Store
+from burst.training.failure import EXIT_RUNS_UNREADABLE
 
 
 @click.command("ls")
@@ -27,7 +29,9 @@ def list_snapshots(run_id: str | None, store_url: str, settings: dict, as_json: 
     """List the runs in the store, or RUN_ID's complete snapshots, oldest first."""
     store = open_existing(store_url, **settings)
     if run_id is None:
-        _print_runs(store.url, list_runs(store), as_json)
+        runs = list_runs(store)
+        _print_runs(store.url, runs, as_json)
+        exit_if_unreadable(runs)
         return
     rows = snapshot_rows(store, run_id)
     if as_json:
@@ -64,9 +68,27 @@ def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
         table.add_column(column, justify="right" if column in ("snapshots", "newest step")
                          else "left")
     for run in runs:
-        table.add_row(cell(run["run"]), str(run["snapshots"]), str(run["newest_step"]),
-                      cell(run["time"]), cell(run["reason"]))
+        table.add_row(*run_cells(run))
     make_console().print(table)
+
+
+def run_cells(run: dict) -> tuple[str, ...]:
+    """A listed run's table cells; an unreadable run's reason cell says why."""
+    from burst.cli.console import cell
+
+    if run.get("error"):
+        return (cell(run["run"]), str(run["snapshots"]), "?", "", cell(f"unreadable: "
+                                                                         f"{run['error']}"))
+    return (cell(run["run"]), str(run["snapshots"]), str(run["newest_step"]),
+            cell(run["time"]), cell(run["reason"]))
+
+
+def exit_if_unreadable(runs: list[dict]) -> None:
+    """After the list is printed: one line naming the runs that could not be read, and
+    ``EXIT_RUNS_UNREADABLE``, so a script sees a short list without parsing it."""
+    line = unreadable(runs)
+    if line is not None:
+        raise UserFacingError(line, EXIT_RUNS_UNREADABLE)
 
 
 @click.command("show")

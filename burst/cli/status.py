@@ -11,6 +11,7 @@ import click
 
 from burst.cli.console import cell, human_age, make_console
 from burst.cli.options import json_option, local_option, open_existing, store_option
+from burst.cli.snapshots import exit_if_unreadable, run_cells
 from burst.errors import BurstError
 from burst.resume.status import intervals_line, run_status
 from burst.snapshot.catalog import human_bytes, list_runs
@@ -42,10 +43,12 @@ def status_command(run_id: str | None, store_url: str, local_url: str, as_json: 
     if run_id is None:
         if watch or once:
             raise click.UsageError("--watch needs a RUN_ID (or $BURST_RUN_ID)")
-        _print_runs(store.url, list_runs(store), as_json)
+        runs = list_runs(store)
+        _print_runs(store.url, runs, as_json)
         claims = [] if as_json else Coordinator().claims()
         if claims:
             _print_machine(claims, as_json)
+        exit_if_unreadable(runs)
         return
     local = None
     if not is_local(store):
@@ -76,8 +79,7 @@ def _print_runs(where: str, runs: list[dict], as_json: bool) -> None:
     for column in ("run", "snapshots", "newest step", "time", "reason"):
         table.add_column(column)
     for run in runs:
-        table.add_row(cell(run["run"]), str(run["snapshots"]), str(run["newest_step"]),
-                      cell(run["time"]), cell(run["reason"]))
+        table.add_row(*run_cells(run))
     make_console().print(table)
 
 

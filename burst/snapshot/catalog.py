@@ -8,12 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
+from burst.errors import BurstError
 from burst.snapshot.reader import list_steps, read_manifest
 from burst.store.base import Store
 
 
 def list_runs(store: Store) -> list[dict[str, Any]]:
-    """Every run with at least one complete snapshot: id, count, newest step and time."""
+    """Every run with at least one complete snapshot: id, count, newest step and time.
+
+    One run's damage is that run's row, never the listing: a run whose newest manifest
+    cannot be read (corrupt, too big, unreadable) is listed with ``error`` saying why, and
+    every other run still lists. Good rows carry ``error: None``; :func:`unreadable` picks
+    out the bad ones, so a command can list them and still exit non-zero."""
     runs: dict[str, list[str]] = {}
     for key in store.list(""):
         parts = key.split("/")
@@ -21,13 +27,35 @@ def list_runs(store: Store) -> list[dict[str, Any]]:
             runs.setdefault(parts[0], []).append(key)
     out = []
     for run_id in sorted(runs):
-        steps = list_steps(store, run_id)
-        if not steps:
-            continue
-        newest = read_manifest(store, run_id, steps[-1]) or {}
-        out.append({"run": run_id, "snapshots": len(steps), "newest_step": steps[-1],
-                    "time": newest.get("time", "?"), "reason": newest.get("reason", "?")})
+        try:
+            row = _run_row(store, run_id)
+        except (BurstError, OSError) as exc:  # one run's manifest, not the store, failed
+            row = {"run": run_id, "snapshots": len(runs[run_id]), "newest_step": None, "time": None,
+                   "reason": None, "error": str(exc) or type(exc).__name__}
+        if row is not None:
+            out.append(row)
     return out
+
+
+def _run_row(store: Store, run_id: str) -> dict[str, Any] | None:
+    steps = list_steps(store, run_id)
+    if not steps:
+        return None
+    newest = read_manifest(store, run_id, steps[-1]) or {}
+    return {"run": run_id, "snapshots": len(steps), "newest_step": steps[-1],
+            "time": newest.get("time", "?"), "reason": newest.get("reason", "?"),
+            "error": None}
+
+
+def unreadable(runs: list[dict[str, Any]]) -> str | None:
+    """One line naming the runs :func:`list_runs` could not read (None when it read them
+    all): what a listing says after its table, before it exits non-zero."""
+    bad = [run for run in runs if run.get("error")]
+    if not bad:
+        return None
+    named = "; ".join(f"{run['run']} ({run['error']})" for run in bad[:3])
+    more = f"; and {len(bad) - 3} more" if len(bad) > 3 else ""
+    return f"{len(bad)} of {len(runs)} runs could not be read: {named}{more}"
 
 
 def snapshot_rows(store: Store, run_id: str) -> list[dict[str, Any]]:

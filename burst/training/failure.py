@@ -49,6 +49,10 @@ EXIT_STORE_UNREACHABLE = 92
 # training finished and its final snapshot is in the local tier, but uploading it to the
 # store failed: `burst push` uploads it later; rerunning the training is not needed
 EXIT_UPLOAD_FAILED = 93
+# a listing of a store's runs (burst ls, burst status) listed every run it could read,
+# but one or more runs could not be read (a corrupt or unreadable manifest): each is one
+# row with its reason (burst.snapshot.catalog), and the exit status says the list is short
+EXIT_RUNS_UNREADABLE = 94
 
 EXIT_KINDS = {EXIT_OOM: "oom", EXIT_GPU_FAILURE: "gpu-failure", EXIT_STOPPED: "signal",
               EXIT_FENCED: "fenced", EXIT_SETUP_FAILED: "setup-failed"}
