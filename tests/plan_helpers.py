@@ -46,7 +46,7 @@ def manifest(run_id: str = "run", *, n_params: int = 1000, peaks: dict[int, int]
              num_samples: int = 6400, drop_last: bool = False) -> dict[str, Any]:
     tensors, blobs = adam_model(n_params)
     return {
-        "format": fmt.FORMAT_VERSION, "run_id": run_id, "step": step, "tensors": tensors,
+        **fmt.format_fields(sharded=False), "run_id": run_id, "step": step, "tensors": tensors,
         "blobs": blobs, "state": {}, "reason": reason, "card": card,
         "batch": {"global": global_batch, "micro": micro,
                   "accumulation": global_batch // (micro * world), "world_size": world},

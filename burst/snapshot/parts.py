@@ -92,7 +92,8 @@ def write_part(store: Store, run_id: str, step: int, rank: int,
         raise SnapshotError(f"rank {rank} has no box for tensor {missing[0]!r}")
     blobs = layout_blobs(tensors)
     payloads = [blob.payload(tensors) for blob in blobs]
-    infos = _hash(payloads)
+    algo = fmt.WRITE_HASH
+    infos = _hash(payloads, algo)
     digests = [digest for digest, _ in infos]
     retry(lambda: store.put(rank_marker_key(run_id, step, rank), fmt.encode_marker(digests)),
           policy)
@@ -105,7 +106,7 @@ def write_part(store: Store, run_id: str, step: int, rank: int,
     for blob, (digest, _) in zip(blobs, infos, strict=True):
         for name, offset in zip(blob.names, blob.offsets, strict=True):
             entries[name] = _shard_entry(tensors[name], boxes[name], digest, offset)
-    report = {"format": fmt.SHARDED_FORMAT_VERSION, "run_id": run_id, "step": step,
+    report = {**fmt.format_fields(sharded=True, algo=algo), "run_id": run_id, "step": step,
               "rank": rank, "world_size": world_size, "launch": launch,
               "blobs": dict(infos), "tensors": entries}
     retry(lambda: store.put(fmt.part_key(run_id, step, rank), _encode(report)), policy)
@@ -113,10 +114,10 @@ def write_part(store: Store, run_id: str, step: int, rank: int,
     return report
 
 
-def _hash(payloads: list[memoryview]) -> list[tuple[str, dict]]:
-    """(digest, blob record) per payload; hashlib releases the GIL, so big parts use threads."""
+def _hash(payloads: list[memoryview], algo: str) -> list[tuple[str, dict]]:
+    """(digest, blob record) per payload; hashing releases the GIL, so big parts use threads."""
     def info(data: memoryview) -> tuple[str, dict]:
-        return fmt.sha256(data), fmt.blob_info(data)
+        return fmt.digest(data, algo), fmt.blob_info(data, algo)
 
     if sum(p.nbytes for p in payloads) < _POOL_BYTES:
         return [info(p) for p in payloads]
@@ -229,7 +230,8 @@ def commit_parts(store: Store, run_id: str, step: int, world_size: int, *, tree:
     killpoints.hit("shard-commit.parts-read")
     tensors, blobs, owner = merge(waiting.reports, world_size)
     _check_tree(tree, tensors, step)
-    manifest = {**meta, **(stamp or {}), "format": fmt.SHARDED_FORMAT_VERSION, "run_id": run_id,
+    manifest = {**meta, **(stamp or {}),
+                **fmt.format_fields(sharded=True, algo=_hash_of(waiting)), "run_id": run_id,
                 "step": step, "state": tree, "tensors": tensors, "blobs": blobs}
     data = fmt.encode_manifest(manifest)
     fmt.parse_manifest(data, run_id=run_id, step=step, source=f"merged manifest of step {step}")
@@ -247,6 +249,15 @@ def commit_parts(store: Store, run_id: str, step: int, world_size: int, *, tree:
     _clean(store, run_id, step, policy)
     killpoints.hit("shard-commit.parts-deleted")
     return manifest
+
+
+def _hash_of(waiting: _Waiting) -> str:
+    """The one hash every rank named its blobs by (a mix cannot be one manifest)."""
+    algos = {fmt.hash_of(report) for report in waiting.reports.values()}
+    if len(algos) != 1:
+        raise SnapshotError(f"the ranks named the blobs of step {waiting.step} by different "
+                            f"hashes ({', '.join(sorted(algos))})")
+    return algos.pop()
 
 
 def _parse_report(data: bytes, run_id: str, step: int, rank: int) -> dict:

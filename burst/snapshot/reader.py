@@ -114,9 +114,9 @@ def newest_intact(store: Store, run_id: str, log: Callable[[str], None]) -> dict
 
 
 def is_sharded(manifest: dict) -> bool:
-    """Whether a snapshot was written in pieces by several ranks (format 2): its ranks
-    restore straight from the store, each reading its own byte ranges."""
-    return manifest.get("format") == fmt.SHARDED_FORMAT_VERSION
+    """Whether a snapshot was written in pieces by several ranks (format 2 or 4): its
+    ranks restore straight from the store, each reading its own byte ranges."""
+    return manifest.get("format") in fmt.SHARDED_VERSIONS
 
 
 def newest_complete(store: Store, run_id: str, log: Callable[[str], None]) -> dict | None:
@@ -170,9 +170,10 @@ def _complete(store: Store, run_id: str, step: int) -> dict:
 
 
 def read_blob(store: Store, run_id: str, digest: str, size: int,
-              allocate: Callable[[int], Buffer] = bytearray, *,
+              allocate: Callable[[int], Buffer] = bytearray, *, algo: str,
               check_hash: bool = True) -> Buffer:
-    """One blob's bytes, size- and hash-checked, in a buffer from ``allocate(size)``.
+    """One blob's bytes, size- and hash-checked (by ``algo``, the manifest's
+    :func:`~burst.snapshot.format.hash_of`), in a buffer from ``allocate(size)``.
 
     The size comes from the manifest and is checked against the store before anything is
     allocated, so a hostile store cannot make this allocate more than the manifest said.
@@ -191,7 +192,7 @@ def read_blob(store: Store, run_id: str, digest: str, size: int,
     if store.read_into(key, view) != size:
         raise SnapshotError(f"blob {digest[:12]} changed size while being read")
     if check_hash:
-        check_digest(digest, view)
+        check_digest(digest, view, algo)
     return buffer
 
 
@@ -202,9 +203,9 @@ def _check_size(run_id: str, digest: str, actual: int | None, size: int) -> None
         raise SnapshotError(f"blob {digest[:12]} is {actual} bytes, the manifest says {size}")
 
 
-def check_digest(digest: str, data: bytes | memoryview) -> None:
-    """Refuse ``data`` unless its SHA-256 is ``digest`` (the blob's name)."""
-    if fmt.sha256(data) != digest:
+def check_digest(digest: str, data: bytes | memoryview, algo: str) -> None:
+    """Refuse ``data`` unless its hash by ``algo`` is ``digest`` (the blob's name)."""
+    if fmt.digest(data, algo) != digest:
         raise SnapshotError(f"blob {digest[:12]} is corrupt: its bytes do not match its hash")
 
 
@@ -234,29 +235,29 @@ def blob_file(store: FileBacked, run_id: str, digest: str, size: int) -> str:
 
 
 def check_blob(store: Store, run_id: str, digest: str, size: int,
-               chunks: list[str] | None = None) -> None:
+               chunks: list[str] | None = None, *, algo: str) -> None:
     """Check one blob's size and hash (and its ``chunks`` hashes, if the manifest lists
     them), keeping none of its bytes: hashed straight from the file's pages where the
     store maps them (a local tier: no buffer to allocate and fill), else read into
     scratch memory."""
     if not isinstance(store, Mapped):
-        _check_chunks(digest, read_blob(store, run_id, digest, size), chunks)
+        _check_chunks(digest, read_blob(store, run_id, digest, size, algo=algo), chunks, algo)
         return
     try:
         with store.view(fmt.blob_key(run_id, digest)) as view:
             _check_size(run_id, digest, len(view), size)
-            check_digest(digest, view)
-            _check_chunks(digest, view, chunks)
+            check_digest(digest, view, algo)
+            _check_chunks(digest, view, chunks, algo)
     except KeyError:
         raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is missing from the "
                             "store") from None
 
 
 def _check_chunks(digest: str, data: bytes | bytearray | memoryview,
-                  chunks: list[str] | None) -> None:
+                  chunks: list[str] | None, algo: str) -> None:
     """A blob whose name matches its bytes but whose chunk hashes do not would pass a
     whole read and fail every ranged one (format 2): such a snapshot is not intact."""
-    if chunks is not None and fmt.chunk_digests(data) != chunks:
+    if chunks is not None and fmt.chunk_digests(data, algo) != chunks:
         raise SnapshotError(f"blob {digest[:12]} has chunk hashes that do not match its bytes")
 
 
@@ -267,10 +268,10 @@ def verify(store: Store, run_id: str, step: int | None = None) -> dict:
     manifest = read_manifest(store, run_id, step)
     if manifest is None:
         raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")
-    blobs = manifest["blobs"]
+    blobs, algo = manifest["blobs"], fmt.hash_of(manifest)
     with ThreadPoolExecutor(min(4, len(blobs) or 1), thread_name_prefix="burst-verify") as pool:
         checks = [pool.submit(check_blob, store, run_id, digest, info["size"],
-                              info.get("chunks"))
+                              info.get("chunks"), algo=algo)
                   for digest, info in blobs.items()]
         for check in checks:
             check.result()

@@ -69,21 +69,23 @@ class BlobCache:
                 return self._kept[digest]
         return self._get((digest, -1))
 
-    def whole(self, store: Store, run_id: str, digest: str, size: int) -> Any:
+    def whole(self, store: Store, run_id: str, digest: str, size: int, algo: str) -> Any:
         """The blob's verified bytes, from the cache or read (and kept if it fits)."""
         data = self.known(digest)
         if data is None:
-            data = reader.read_blob(store, run_id, digest, size, check_hash=self.check_hash)
+            data = reader.read_blob(store, run_id, digest, size, algo=algo,
+                                    check_hash=self.check_hash)
             self._put((digest, -1), data, size)
         return data
 
-    def chunk(self, store: Store, run_id: str, digest: str, info: dict, index: int) -> Any:
+    def chunk(self, store: Store, run_id: str, digest: str, info: dict, index: int,
+              algo: str) -> Any:
         """Chunk ``index`` of a blob with chunk hashes, verified, from the cache or read."""
         data = self._get((digest, index))
         if data is None:
             begin = index * fmt.CHUNK_BYTES
             length = min(fmt.CHUNK_BYTES, info["size"] - begin)
-            data = read_verified(store, run_id, digest, info, begin, length,
+            data = read_verified(store, run_id, digest, info, begin, length, algo=algo,
                                  check_hash=self.check_hash)
             self._put((digest, index), data, length)
         return data
@@ -211,18 +213,18 @@ class _Copier:
 
     def _bytes(self, digest: str, start: int, length: int) -> memoryview:
         """Bytes ``start..start+length`` of a blob, verified (see the module's docstring)."""
-        run_id = self.manifest["run_id"]
+        run_id, algo = self.manifest["run_id"], fmt.hash_of(self.manifest)
         info = self.manifest["blobs"][digest]
         known = self.cache.known(digest)
         if known is None and "chunks" not in info:
-            known = self.cache.whole(self.store, run_id, digest, info["size"])
+            known = self.cache.whole(self.store, run_id, digest, info["size"], algo)
         if known is not None:
             return memoryview(known).cast("B")[start : start + length]
         first, last = _chunks_of(start, length)
         if last - first >= SMALL_CHUNKS:  # a long span: one ranged read, nothing kept
-            return read_verified(self.store, run_id, digest, info, start, length,
+            return read_verified(self.store, run_id, digest, info, start, length, algo=algo,
                                  check_hash=self.cache.check_hash)
-        pieces = [self.cache.chunk(self.store, run_id, digest, info, k)
+        pieces = [self.cache.chunk(self.store, run_id, digest, info, k, algo)
                   for k in range(first, last + 1)]
         data = memoryview(pieces[0] if len(pieces) == 1 else b"".join(pieces)).cast("B")
         skip = start - first * fmt.CHUNK_BYTES
@@ -230,7 +232,7 @@ class _Copier:
 
 
 def read_verified(store: Store, run_id: str, digest: str, info: dict, start: int,
-                  length: int, *, check_hash: bool = True) -> memoryview:
+                  length: int, *, algo: str, check_hash: bool = True) -> memoryview:
     """Bytes ``start..start+length`` of a blob with chunk hashes: the chunks they touch
     are read in one ranged read and each is checked against its hash."""
     size, chunk = info["size"], fmt.CHUNK_BYTES
@@ -244,7 +246,7 @@ def read_verified(store: Store, run_id: str, digest: str, info: dict, start: int
                             "store") from None
     for index in range(first, last + 1) if check_hash else ():
         piece = data[index * chunk - begin : min((index + 1) * chunk, size) - begin]
-        if fmt.sha256(piece) != info["chunks"][index]:
+        if fmt.digest(piece, algo) != info["chunks"][index]:
             raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is corrupt: chunk "
                                 f"{index} does not match its hash")
     return data[start - begin : start - begin + length]

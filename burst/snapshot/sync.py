@@ -20,7 +20,6 @@ little more than the download itself; a cut-off part is fetched again on its own
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import threading
 import time
@@ -113,7 +112,8 @@ def push_snapshot(src: Store, dst: Store, run_id: str, step: int, *,
     blobs = _sizes(manifest)
     transfer = Transfer(run_id, step, total_bytes=sum(blobs.values()))
     if not commit(dst, run_id, step, raw, blobs,
-                  lambda digest, size: send_blob(src, dst, run_id, digest, size, policy),
+                  lambda digest, size: send_blob(src, dst, run_id, digest, size, policy,
+                                                 algo=fmt.hash_of(manifest)),
                   overwrite=False, points="push", policy=policy,
                   on_blob=_counter(transfer, progress)):
         transfer.manifest = "present"  # there before us, or another writer won: keep theirs
@@ -125,12 +125,13 @@ def push_snapshot(src: Store, dst: Store, run_id: str, step: int, *,
 
 
 def send_blob(src: Store, dst: Store, run_id: str, digest: str, size: int,
-              policy: RetryPolicy = DEFAULT_RETRY) -> None:
-    """Copy one blob, refusing to send bytes that do not match their name."""
+              policy: RetryPolicy = DEFAULT_RETRY, *, algo: str) -> None:
+    """Copy one blob, refusing to send bytes that do not match their name (hashed by
+    ``algo``, its manifest's :func:`~burst.snapshot.format.hash_of`)."""
     key = fmt.blob_key(run_id, digest)
     with source_view(src, key, size) as view:
         def check() -> None:
-            if fmt.sha256(view) != digest:
+            if fmt.digest(view, algo) != digest:
                 raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is corrupt in "
                                     f"{src.url}: not uploading it")
 
@@ -239,7 +240,7 @@ def pull_snapshot(src: Store, dst: Store, run_id: str, step: int, *,
     transfer = Transfer(run_id, step, total_bytes=sum(blobs.values()))
 
     def land(digest: str, size: int) -> None:
-        fetch_blob(src, dst, run_id, digest, size, policy, kept)
+        fetch_blob(src, dst, run_id, digest, size, policy, kept, algo=fmt.hash_of(manifest))
 
     commit(dst, run_id, step, raw, blobs, land, overwrite=True, points="pull", policy=policy,
            on_blob=_counter(transfer, progress))
@@ -280,7 +281,8 @@ class PartReader(Protocol):
 
 
 def fetch_blob(src: Store, dst: Store, run_id: str, digest: str, size: int,
-               policy: RetryPolicy = DEFAULT_RETRY, kept: Kept | None = None) -> None:
+               policy: RetryPolicy = DEFAULT_RETRY, kept: Kept | None = None, *,
+               algo: str) -> None:
     """Download one blob, check its size and hash, and only then make it visible.
 
     Into a local tier the bytes land in a temporary file that is renamed into place only
@@ -291,30 +293,30 @@ def fetch_blob(src: Store, dst: Store, run_id: str, digest: str, size: int,
         if kept is not None:
             buffer = kept.allocate(size)
             view = memoryview(buffer).cast("B") if size else memoryview(bytearray())
-            _to_memory(src, key, digest, view, policy)
+            _to_memory(src, key, digest, view, policy, algo)
             retry(lambda: dst.put(key, view), policy)
             kept.add(digest, buffer)
         elif isinstance(src, PartReader) and isinstance(dst, LocalStore):
             dst.put_written(key, size, lambda fd: _check(src.url, digest, _parts_to_file(
-                src, key, size, fd, policy)))
+                src, key, size, fd, policy, algo)))
         elif isinstance(dst, LocalStore):
             dst.put_filled(key, size, lambda view: _check(src.url, digest, retry(
-                lambda: _whole(src, key, view), policy)))
+                lambda: _whole(src, key, view, algo), policy)))
         else:
             view = memoryview(bytearray(size))
-            _to_memory(src, key, digest, view, policy)
+            _to_memory(src, key, digest, view, policy, algo)
             retry(lambda: dst.put(key, view), policy)
     except KeyError:
         raise SnapshotError(f"blob {digest[:12]} is missing from {src.url}") from None
 
 
 def _to_memory(src: Store, key: str, digest: str, view: memoryview,
-               policy: RetryPolicy) -> None:
+               policy: RetryPolicy, algo: str) -> None:
     """Download into ``view`` and check the hash."""
     if isinstance(src, PartReader):
-        _check(src.url, digest, _parts_to_memory(src, key, view, policy))
+        _check(src.url, digest, _parts_to_memory(src, key, view, policy, algo))
     else:
-        _check(src.url, digest, retry(lambda: _whole(src, key, view), policy))
+        _check(src.url, digest, retry(lambda: _whole(src, key, view, algo), policy))
 
 
 def _check(url: str, digest: str, actual: str) -> None:
@@ -324,9 +326,9 @@ def _check(url: str, digest: str, actual: str) -> None:
 
 
 def _parts_to_file(src: PartReader, key: str, size: int, fd: int,
-                   policy: RetryPolicy) -> str:
+                   policy: RetryPolicy, algo: str) -> str:
     """Download into ``fd`` by parts; hash each part as soon as it has landed, read back
-    while the later parts are still on the wire (hashlib lets go of the GIL)."""
+    while the later parts are still on the wire (hashing lets go of the GIL)."""
 
     def write(offset: int, data: bytes) -> None:
         view = memoryview(data)
@@ -334,7 +336,7 @@ def _parts_to_file(src: PartReader, key: str, size: int, fd: int,
             written = os.pwrite(fd, view, offset)
             view, offset = view[written:], offset + written
 
-    hasher, chunk = hashlib.sha256(), bytearray(HASH_CHUNK)
+    hasher, chunk = fmt.new_hasher(algo), bytearray(HASH_CHUNK)
     for start, end in src.read_parts(key, size, write, policy=policy):
         for offset in range(start, end, HASH_CHUNK):
             n = os.preadv(fd, [memoryview(chunk)[: min(HASH_CHUNK, end - offset)]], offset)
@@ -343,25 +345,25 @@ def _parts_to_file(src: PartReader, key: str, size: int, fd: int,
 
 
 def _parts_to_memory(src: PartReader, key: str, buffer: memoryview,
-                     policy: RetryPolicy) -> str:
+                     policy: RetryPolicy, algo: str) -> str:
     """Download into ``buffer`` by parts, hashing each as soon as it has landed."""
 
     def write(offset: int, data: bytes) -> None:
         buffer[offset : offset + len(data)] = data
 
-    hasher = hashlib.sha256()
+    hasher = fmt.new_hasher(algo)
     for start, end in src.read_parts(key, len(buffer), write, policy=policy):
         hasher.update(buffer[start:end])
     return hasher.hexdigest()
 
 
-def _whole(src: Store, key: str, view: memoryview) -> str:
+def _whole(src: Store, key: str, view: memoryview, algo: str) -> str:
     """Read the whole object into ``view``, check its size, then hash it."""
     actual = src.read_into(key, view)
     if actual != len(view):
         raise SnapshotError(f"{key} is {actual} bytes in {src.url}, the manifest says "
                             f"{len(view)}")
-    return fmt.sha256(view)
+    return fmt.digest(view, algo)
 
 
 # -- helpers ----------------------------------------------------------------------------

@@ -120,7 +120,7 @@ def tensors_from_blob(
     return out
 
 
-def read_blob(store: Store, run_id: str, digest: str, size: int, *,
+def read_blob(store: Store, run_id: str, digest: str, size: int, *, algo: str,
               check_hash: bool = True) -> torch.Tensor:
     """One blob's bytes as a uint8 tensor, size- and hash-checked (:func:`reader.read_blob`).
 
@@ -130,10 +130,11 @@ def read_blob(store: Store, run_id: str, digest: str, size: int, *,
     torch's own mapped loading, and a write to the tensor never reaches the file."""
     tensor = _mapped(store, run_id, digest, size) if isinstance(store, reader.FileBacked) else None
     if tensor is None:
-        data = reader.read_blob(store, run_id, digest, size, _allocate, check_hash=check_hash)
+        data = reader.read_blob(store, run_id, digest, size, _allocate, algo=algo,
+                                check_hash=check_hash)
         return torch.from_numpy(data)
     if check_hash:
-        reader.check_digest(digest, memoryview(tensor.numpy()))
+        reader.check_digest(digest, memoryview(tensor.numpy()), algo)
     return tensor
 
 
@@ -180,7 +181,7 @@ def load_tensors(store: Store, manifest: dict, kept: Mapping[str, Any] | None = 
             data = torch.from_numpy(kept[digest])
         else:
             data = read_blob(store, run_id, digest, manifest["blobs"][digest]["size"],
-                             check_hash=not verified)
+                             algo=fmt.hash_of(manifest), check_hash=not verified)
             loaded[digest] = data.numpy()
         return tensors_from_blob(manifest, digest, data, by_blob[digest])
 

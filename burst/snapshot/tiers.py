@@ -360,11 +360,12 @@ def write_snapshot(store: Store, run_id: str, captured: Captured,
     # built once (a pack is the shadow's buffer as it lies, or gathered from its
     # tensors), hashed here and written by ``land``
     payloads = [_payload(blob, captured) for blob in blobs]
+    algo = fmt.WRITE_HASH
     if sum(b.size for b in blobs) < _POOL_BYTES:  # threads would cost more than they save
-        digests = [fmt.sha256(data) for data in payloads]
+        digests = [fmt.digest(data, algo) for data in payloads]
     else:
         with ThreadPoolExecutor(max_workers=4) as pool:
-            digests = list(pool.map(fmt.sha256, payloads))
+            digests = list(pool.map(lambda data: fmt.digest(data, algo), payloads))
     by_digest: dict[str, Blob] = dict(zip(digests, blobs, strict=True))
     payload_of = dict(zip(digests, payloads, strict=True))
     tensor_entries: dict[str, dict] = {}
@@ -374,7 +375,7 @@ def write_snapshot(store: Store, run_id: str, captured: Captured,
     manifest = {
         **captured.meta,
         **(stamp or {}),
-        "format": fmt.FORMAT_VERSION,
+        **fmt.format_fields(sharded=False, algo=algo),
         "run_id": run_id,
         "step": captured.step,
         "state": captured.tree,

@@ -79,7 +79,8 @@ def write_v2(store: LocalStore, v1: dict, tensors: dict[str, torch.Tensor], part
             placed.setdefault(name, []).append((rank, offsets, list(block.shape), len(blob),
                                                 len(data)))
             blob.extend(data)
-    digests = [fmt.sha256(blob) for blob in blobs]
+    algo = fmt.hash_of(v1)
+    digests = [fmt.digest(blob, algo) for blob in blobs]
     entries = {}
     for name, boxes in placed.items():
         entry = {"dtype": v1["tensors"][name]["dtype"], "shape": v1["tensors"][name]["shape"]}
@@ -92,8 +93,9 @@ def write_v2(store: LocalStore, v1: dict, tensors: dict[str, torch.Tensor], part
             entries[name] = {**entry, "shards": pieces}
     for digest, blob in zip(digests, blobs, strict=True):
         store.put(fmt.blob_key(RUN, digest), bytes(blob))
-    manifest = {**v1, "format": fmt.SHARDED_FORMAT_VERSION, "step": V2_STEP, "tensors": entries,
-                "blobs": {d: fmt.blob_info(b) for d, b in zip(digests, blobs, strict=True)}}
+    manifest = {**v1, **fmt.format_fields(sharded=True, algo=algo), "step": V2_STEP,
+                "tensors": entries,
+                "blobs": {d: fmt.blob_info(b, algo) for d, b in zip(digests, blobs, strict=True)}}
     store.put(fmt.manifest_key(RUN, V2_STEP), fmt.encode_manifest(manifest))
 
 

@@ -40,7 +40,7 @@ DATA = ("--samples", "48", "--global-batch", "12", "--epochs", "2")
 KILL_RANK, KILL_STEP = 2, 7  # armed in step 7's body: it dies writing step 7's snapshot
 PREVIOUS = 4  # the snapshot before it
 STAGING = 16 << 20  # the persister's bounded staging (packing small tensors, hashing)
-SHARDED_FORMAT = 2  # burst.snapshot.format.SHARDED_FORMAT_VERSION
+SHARDED_FORMAT = 4  # burst.snapshot.format.SHARDED_FORMAT_VERSION (format 2 before BLAKE3)
 
 
 def layout(ranks: int, parallel: str = "fsdp") -> list[str]:
@@ -194,7 +194,7 @@ def test_v1_snapshot_of_one_process_restores_at_fsdp_two(tmp_path, reference):
     expected, expected_state, _ = reference
     assert_killed(launch(tmp_path, 1, "run", *layout(1), "--kill-at", "5:0"))
     manifest = snapshot.read_manifest(open_store(tmp_path / "store"), "run")
-    assert manifest["format"] == 1 and manifest["step"] == 3  # one process: v1, as always
+    assert manifest["format"] == 3 and manifest["step"] == 3  # one process: whole (v1's layout)
     done = launch(tmp_path, 2, "run", *layout(2))
     assert done.returncode == 0, done.stdout + done.stderr
     assert resumed_at(done) == 3 and "world size 1 -> 2" in done.stdout

@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 
+import blake3
 import pytest
 
 from burst.errors import SnapshotError
@@ -46,9 +47,9 @@ def test_a_v1_manifest_may_not_hold_a_sharded_entry():
 
 
 def test_formats_beyond_the_readable_ones_are_refused():
-    assert fmt.READABLE_VERSIONS == (1, 2)
-    with pytest.raises(SnapshotError, match="format 3"):
-        fmt.parse_manifest(manifest(version=3))
+    assert fmt.READABLE_VERSIONS == (1, 2, 3, 4)
+    with pytest.raises(SnapshotError, match="format 5"):
+        fmt.parse_manifest(manifest(version=5))
 
 
 @pytest.mark.parametrize("shards, message", [
@@ -102,15 +103,22 @@ def test_a_blob_with_one_hash_per_chunk_parses():
 
 def test_chunk_digests_hash_each_chunk_bytes_piece():
     data = bytes(range(256)) * ((fmt.CHUNK_BYTES * 2 + 1000) // 256)
-    digests = fmt.chunk_digests(data)
+    digests = fmt.chunk_digests(data, fmt.SHA256)
     assert len(digests) == 3
     assert digests[1] == hashlib.sha256(data[fmt.CHUNK_BYTES:2 * fmt.CHUNK_BYTES]).hexdigest()
-    assert fmt.chunk_digests(b"") == []
+    assert fmt.chunk_digests(b"", fmt.SHA256) == []
+
+
+def test_chunk_digests_use_the_hash_they_are_given():
+    data = bytes(range(256)) * ((fmt.CHUNK_BYTES + 1000) // 256)
+    digests = fmt.chunk_digests(data, fmt.BLAKE3)
+    assert digests == [blake3.blake3(data[:fmt.CHUNK_BYTES]).hexdigest(),
+                       blake3.blake3(data[fmt.CHUNK_BYTES:]).hexdigest()]
 
 
 def test_blob_info_lists_chunks_only_for_blobs_beyond_one_chunk():
-    assert fmt.blob_info(b"x" * 100) == {"size": 100}
-    big = fmt.blob_info(bytearray(fmt.CHUNK_BYTES + 1))
+    assert fmt.blob_info(b"x" * 100, fmt.BLAKE3) == {"size": 100}
+    big = fmt.blob_info(bytearray(fmt.CHUNK_BYTES + 1), fmt.BLAKE3)
     assert big["size"] == fmt.CHUNK_BYTES + 1 and len(big["chunks"]) == 2
 
 

@@ -72,7 +72,8 @@ def test_gc_never_deletes_blobs_of_an_upload_in_progress(tmp_path):
     remote.put(fmt.marker_key("run", 2), json.dumps(
         {"time": time.time(), "blobs": sorted(manifest["blobs"])}).encode())
     for digest in manifest["blobs"]:
-        sync.send_blob(local, remote, "run", digest, manifest["blobs"][digest]["size"])
+        sync.send_blob(local, remote, "run", digest, manifest["blobs"][digest]["size"],
+                       algo=fmt.hash_of(manifest))
     report = retention.gc(remote, "run", keep_last=1)
     assert report.protected_in_flight >= 1
     assert all(remote.size(fmt.blob_key("run", d)) is not None for d in manifest["blobs"])

@@ -51,7 +51,8 @@ def write_snapshot(store, tensors: dict[str, torch.Tensor], boxes: dict[str, lis
             blob.extend(bytes(-len(blob) % fmt.ALIGN))
             placed.setdefault(name, []).append((offsets, sizes, rank, len(blob), len(data)))
             blob.extend(data)
-    digests = {rank: fmt.sha256(data) for rank, data in blobs.items()}
+    algo = fmt.SHA256 if version in (1, 2) else fmt.BLAKE3  # formats 3, 4 record it
+    digests = {rank: fmt.digest(data, algo) for rank, data in blobs.items()}
     for rank, data in blobs.items():
         store.put(fmt.blob_key(RUN, digests[rank]), data)
     entries = {}
@@ -64,10 +65,11 @@ def write_snapshot(store, tensors: dict[str, torch.Tensor], boxes: dict[str, lis
                              "offset": shards[0]["offset"], "nbytes": shards[0]["nbytes"]}
         else:
             entries[name] = {"dtype": dtype, "shape": shape, "shards": shards}
-    infos = {digests[r]: (fmt.blob_info(d) if version == 2 else {"size": len(d)})
+    infos = {digests[r]: (fmt.blob_info(d, algo) if version in fmt.SHARDED_VERSIONS
+                          else {"size": len(d)})
              for r, d in blobs.items()}
     manifest = {"format": version, "run_id": RUN, "step": step, "state": {},
-                "tensors": entries, "blobs": infos}
+                "tensors": entries, "blobs": infos, **({"hash": algo} if version > 2 else {})}
     store.put(fmt.manifest_key(RUN, step), fmt.encode_manifest(manifest))
     parsed = reader.read_manifest(store, RUN, step)
     assert parsed is not None
@@ -156,8 +158,9 @@ def test_whole_tensors_of_every_rank_and_dimension_come_back(store):
         assert torch.equal(read_whole(store, manifest, name), tensor), name
 
 
-def test_a_corrupted_chunk_names_its_blob(store, big):
-    manifest = write_snapshot(store, {"w": big}, {"w": rows_of(ROWS, 4)})
+@pytest.mark.parametrize("version", [2, 4])  # SHA-256, BLAKE3 chunk hashes
+def test_a_corrupted_chunk_names_its_blob(store, big, version):
+    manifest = write_snapshot(store, {"w": big}, {"w": rows_of(ROWS, 4)}, version=version)
     digest = manifest["tensors"]["w"]["shards"][1]["blob"]
     key = fmt.blob_key(RUN, digest)
     data = bytearray(store.get(key))
@@ -167,9 +170,10 @@ def test_a_corrupted_chunk_names_its_blob(store, big):
         read_region(store, manifest, "w", [ROWS // 4, 0], [ROWS // 4, COLS])
 
 
-def test_a_corrupted_blob_without_chunks_is_refused(store):
+@pytest.mark.parametrize("version", [2, 4])
+def test_a_corrupted_blob_without_chunks_is_refused(store, version):
     tensor = torch.arange(100, dtype=torch.float32)
-    manifest = write_snapshot(store, {"t": tensor}, {"t": None})
+    manifest = write_snapshot(store, {"t": tensor}, {"t": None}, version=version)
     digest = manifest["tensors"]["t"]["blob"]
     data = bytearray(store.get(fmt.blob_key(RUN, digest)))
     data[-1] ^= 1
@@ -263,8 +267,9 @@ def test_verify_accepts_a_sharded_snapshot_and_lists_its_blobs(store, big):
     assert reader.referenced_blobs(store, RUN, 1) == shard_blobs == set(manifest["blobs"])
 
 
-def test_verify_refuses_chunk_hashes_that_do_not_match_the_blob(store, big):
-    manifest = write_snapshot(store, {"w": big}, {"w": rows_of(ROWS, 4)})
+@pytest.mark.parametrize("version", [2, 4])
+def test_verify_refuses_chunk_hashes_that_do_not_match_the_blob(store, big, version):
+    manifest = write_snapshot(store, {"w": big}, {"w": rows_of(ROWS, 4)}, version=version)
     digest, info = next(iter(manifest["blobs"].items()))
     info["chunks"][-1] = "0" * 64
     store.put(fmt.manifest_key(RUN, 1), fmt.encode_manifest(manifest))

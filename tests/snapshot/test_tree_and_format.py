@@ -58,8 +58,8 @@ def test_a_valid_manifest_parses():
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"format": 3}, "format 3"),
-    ({"blobs": {"../x": {"size": 1}}}, "not a SHA-256"),
+    ({"format": 5}, "format 5"),
+    ({"blobs": {"../x": {"size": 1}}}, "not a hex digest"),
     ({"tensors": {"t": {"blob": "a" * 64, "dtype": "object", "shape": [1], "offset": 0,
                         "nbytes": 8}}}, "unknown dtype"),
     ({"tensors": {"t": {"blob": "a" * 64, "dtype": "float32", "shape": [1000], "offset": 0,
