@@ -206,6 +206,13 @@ def save_worker(rank: int, world: int, port: int, args: dict, out: str) -> None:
 
 def load_worker(rank: int, world: int, port: int, args: dict, out: str) -> None:
     join(rank, world, port)
+    # burst's modules are imported before any clock starts, as DCP's are (at the top of
+    # this file): a run imports burst once, when it starts, not when it restores
+    import burst.parallel.sharded
+    import burst.snapshot.tensors
+    import burst.state.capture
+    import burst.training.run
+
     root = Path(args["root"])
     seconds, models = {}, {}
     for key in LOADS:
@@ -282,7 +289,7 @@ def table(out: Path, ranks: int, load_ranks: int) -> str:
     cells = " ".join(f"{'r' + str(r):>6}" for r in range(ranks))
     lines = [f"state {size:.0f} MB (model + AdamW), {ranks} ranks, medians of "
              f"{saves[0]['rounds']} rounds; burst Run wrote format {fmt}"
-             + ("" if fmt == 2 else " (sharded snapshots not wired in yet: (a) is (b)'s path)"),
+             + ("" if fmt in (2, 4) else " (sharded snapshots not wired in yet: (a) is (b)'s path)"),
              "", f"{'save: blocked s per rank':<28} {cells} {'max':>6}  {'total s':>8}"
                  f"  {'max/(a)':>8}  {'total/(a)':>9}"]
     figures = {}
