@@ -15,8 +15,11 @@ Deleting is ordered so that no crash and no concurrent upload can break a kept s
 
 A kept manifest that cannot be read stops the blob sweep: burst would rather keep garbage
 than guess. Markers older than ``marker_ttl`` belong to pushes that died and are removed,
-and so are the temporary files of writes killed before their rename (a store that writes
-through temporaries, such as a local directory, sweeps those it holds).
+and so are the leftovers of killed writes (:mod:`burst.snapshot.sweep`): temporaries of
+writes killed before their rename (a store that writes through temporaries, such as a
+local directory or SFTP, sweeps those it holds), and the parts of sharded snapshots whose
+step no fresh marker covers. The parts are listed with the blobs, before the markers are
+read, so a part written after that is never a candidate.
 """
 
 from __future__ import annotations
@@ -24,19 +27,21 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from burst import killpoints
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
+from burst.snapshot import sweep as leftovers
 from burst.snapshot.reader import list_steps, referenced_blobs
 from burst.store.base import Store
 
 MARKER_TTL = 24 * 3600.0
 # A local store's temporaries are judged by their writer's lock (burst.store.local): a dead
-# write's goes at once. Where a filesystem has no locks, one idle this long belongs to a
-# write that died: the marker of any upload still alive is younger (GC already treats
-# older ones as dead), and a live writer touches its temporary as it writes.
+# write's goes at once. Where a store has no locks (SFTP, a filesystem without them), one
+# idle this long belongs to a write that died: the marker of any upload still alive is
+# younger (GC already treats older ones as dead), and a live writer touches its temporary
+# as it writes.
 TEMP_TTL = MARKER_TTL
 
 
@@ -48,6 +53,9 @@ class GCReport:
     bytes_freed: int = 0
     protected_in_flight: int = 0
     temporaries_deleted: int = 0
+    temporary_bytes: int = 0
+    parts_deleted: int = 0  # part reports of sharded steps no live upload covers
+    part_bytes: int = 0
     dry_run: bool = False
 
     def as_dict(self) -> dict[str, Any]:
@@ -67,24 +75,31 @@ def select(steps: list[int], keep_last: int, keep_every: int | None = None) -> s
 
 
 def gc(store: Store, run_id: str, keep_last: int = 3, keep_every: int | None = None, *,
-       dry_run: bool = False, marker_ttl: float = MARKER_TTL, sweep: bool = True) -> GCReport:
+       dry_run: bool = False, marker_ttl: float = MARKER_TTL, temp_ttl: float = TEMP_TTL,
+       sweep: bool = True) -> GCReport:
     """Drop snapshots the rule does not keep, then every blob no kept snapshot references.
 
-    ``sweep``: also remove temporaries that killed writes left (a walk of the whole run);
-    a persister pruning after every write asks for it now and then, not every time."""
+    ``sweep``: also remove what killed writes left (:mod:`burst.snapshot.sweep`: a walk
+    of the whole run); a persister pruning after every write asks for it now and then,
+    not every time."""
     if keep_last < 1 and not keep_every:
         raise SnapshotError("refusing to delete every snapshot: keep at least one")
     blob_keys = store.list(f"{run_id}/blobs/")
-    in_flight = _in_flight_blobs(store, run_id, marker_ttl, dry_run)
+    part_keys = store.list(f"{run_id}/parts/") if sweep else []
+    in_flight = _in_flight(store, run_id, marker_ttl, dry_run)
     steps = list_steps(store, run_id)
     kept = select(steps, keep_last, keep_every)
     report = GCReport(kept=sorted(kept), dropped=[s for s in steps if s not in kept],
                       dry_run=dry_run)
     referenced = _referenced(store, run_id, report.kept)
     killpoints.hit("gc.decided")
+    if sweep:
+        report.temporaries_deleted, report.temporary_bytes = leftovers.temporaries(
+            store, run_id, temp_ttl, dry_run=dry_run,
+            protected={fmt.blob_key(run_id, digest) for digest in in_flight.blobs})
+        report.parts_deleted, report.part_bytes = leftovers.parts(
+            store, run_id, part_keys, in_flight.steps, dry_run=dry_run)
     if not dry_run:
-        if sweep:
-            report.temporaries_deleted = sweep_temporaries(store, run_id)
         for step in report.dropped:
             store.delete(fmt.manifest_key(run_id, step))
             killpoints.hit("gc.manifest-deleted")
@@ -92,7 +107,7 @@ def gc(store: Store, run_id: str, keep_last: int = 3, keep_every: int | None = N
         digest = key.rsplit("/", 1)[-1]
         if digest in referenced:
             continue
-        if digest in in_flight:
+        if digest in in_flight.blobs:
             report.protected_in_flight += 1
             continue
         report.blobs_deleted += 1
@@ -107,8 +122,7 @@ def sweep_temporaries(store: Store, run_id: str, older_than: float = TEMP_TTL) -
     """Remove the run's temporaries that writes killed mid-way left (no live writer holds
     them; where that cannot be told, idle for ``older_than`` seconds); return how many.
     Object stores have none: their writes are atomic on the server."""
-    sweep = getattr(store, "sweep_temporaries", None)
-    return int(sweep(f"{run_id}/", older_than)) if sweep is not None else 0
+    return leftovers.temporaries(store, run_id, older_than)[0]
 
 
 def _referenced(store: Store, run_id: str, steps: list[int]) -> set[str]:
@@ -122,9 +136,16 @@ def _referenced(store: Store, run_id: str, steps: list[int]) -> set[str]:
     return referenced
 
 
-def _in_flight_blobs(store: Store, run_id: str, ttl: float, dry_run: bool) -> set[str]:
-    """Blobs named by the markers of pushes in progress; stale markers are cleared."""
-    blobs: set[str] = set()
+class InFlight(NamedTuple):
+    """What the fresh upload markers say is being written."""
+
+    blobs: set[str]  # digests of the blobs they name
+    steps: set[int]  # the steps they are for (a sharded step's parts live while one does)
+
+
+def _in_flight(store: Store, run_id: str, ttl: float, dry_run: bool) -> InFlight:
+    """What the markers of pushes in progress name; stale markers are cleared."""
+    found = InFlight(set(), set())
     now = time.time()
     for key in store.list(f"{run_id}/uploads/"):
         try:
@@ -136,5 +157,8 @@ def _in_flight_blobs(store: Store, run_id: str, ttl: float, dry_run: bool) -> se
             if not dry_run:
                 store.delete(key)
             continue
-        blobs.update(str(d) for d in digests)
-    return blobs
+        found.blobs.update(str(d) for d in digests)
+        step = leftovers.marker_step(key)
+        if step is not None:
+            found.steps.add(step)
+    return found

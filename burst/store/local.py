@@ -14,9 +14,21 @@ only the former, at once (:meth:`LocalStore.sweep_temporaries`).
 
 The store never follows a symbolic link out of its root: a link planted inside it
 (``run/blobs/ad -> /elsewhere``) would otherwise send writes, and hand reads, outside it.
-Every path is resolved and checked to lie under the root before it is used (a write
-checks the directory it writes into, since the file itself is replaced, never followed);
-listings do not enter or show links at all.
+
+Writes (the temporary, the rename into place, the folders made on the way, appends and
+deletes) never resolve a path and then use it: a link swapped in between the check and
+the use would be followed. They walk the key one folder at a time from an open
+descriptor of the root (``openat`` with ``O_NOFOLLOW | O_DIRECTORY``), and act on the
+last folder's descriptor (``dir_fd=``), so no link is ever followed by the kernel. A link
+met on the way is read and resolved by the walk itself, inside the root (a link that
+stays in the store still works; one that leads out raises
+:class:`~burst.errors.LinkOutOfStoreError`), and the file itself is replaced or unlinked,
+never followed. Nothing of the walk is cached: each write re-walks, at one ``openat`` per
+folder (a blob's key has three), which replaces the ``lstat`` per folder and the
+``open`` of the folder to ``fsync`` that a write cost before.
+
+Reads check the resolved path before they use it (a link swapped in meanwhile can show
+a read a file outside, never write one); listings do not enter or show links at all.
 """
 
 from __future__ import annotations
@@ -27,9 +39,8 @@ import fcntl
 import mmap
 import os
 import stat
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 
 from burst import killpoints
@@ -37,6 +48,8 @@ from burst.errors import LinkOutOfStoreError, StoreError
 from burst.store.base import Pace, addressable, check_key, check_prefix, check_range
 
 FILE_CHUNK = 4 << 20  # put_file copies this much at a time
+MAX_LINKS = 40  # links one walk resolves before giving up (the kernel's own limit)
+_FOLDER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class LocalStore:
@@ -45,6 +58,7 @@ class LocalStore:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root).expanduser().resolve()
         self.url = self.root.as_uri()
+        self._root = str(self.root)
         self._cut = len(str(self.root).rstrip("/")) + 1  # a listed path less this is its key
 
     def _path(self, key: str) -> Path:
@@ -53,12 +67,22 @@ class LocalStore:
         self._contain(path, key)
         return path
 
-    def _target(self, key: str) -> Path:
-        """Where ``key`` is written or deleted: the file itself is replaced or unlinked,
-        never followed, so only the directories on the way must stay in the root."""
-        path = self.root / check_key(key)
-        self._contain(path.parent, key)
-        return path
+    @contextlib.contextmanager
+    def _folder(self, key: str, *, create: bool = True) -> Iterator[tuple[int, str]]:
+        """The open folder that ``key``'s file lies in, and the file's name: walked from
+        the root without the kernel following any link (see the module doc), its missing
+        folders made owner-only when ``create`` (else FileNotFoundError)."""
+        *folders, name = check_key(key).split("/")
+
+        def refuse(where: str, target: str) -> LinkOutOfStoreError:
+            return LinkOutOfStoreError(f"{self.url}: refusing {key!r}: a symbolic link in the "
+                                       f"store leads outside it ({where} -> {target})")
+
+        folder = _walk(self._root, folders, create, refuse)
+        try:
+            yield folder, name
+        finally:
+            os.close(folder)
 
     def _contain(self, path: Path, key: str) -> None:
         """Refuse ``path`` if a link in it leads outside the root. Every write and read
@@ -72,16 +96,15 @@ class LocalStore:
                                       f"store leads outside it (to {real})")
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
-        path = self._target(key)
-        _makedirs(path.parent)
-        with _temporary(path) as (fd, tmp):
-            _write_all(fd, data)
-            killpoints.hit("local.put.written")
-            os.fsync(fd)
-            killpoints.hit("local.put.synced")
-            os.replace(tmp, path)
-            killpoints.hit("local.put.replaced")
-        _fsync_dir(path.parent)
+        with self._folder(key) as (folder, name):
+            with _temporary(folder, name) as (fd, tmp):
+                _write_all(fd, data)
+                killpoints.hit("local.put.written")
+                os.fsync(fd)
+                killpoints.hit("local.put.synced")
+                os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+                killpoints.hit("local.put.replaced")
+            os.fsync(folder)  # the rename itself survives a power cut
 
     def put_filled(self, key: str, size: int, fill: Callable[[memoryview], None]) -> None:
         """Write ``size`` bytes that ``fill`` produces in place, atomically.
@@ -109,15 +132,14 @@ class LocalStore:
         allocation per 4 KiB page; ``pwrite`` costs about half the CPU (a parallel
         download on a busy machine is CPU-bound). Synced and renamed in only if ``fill``
         returns."""
-        path = self._target(key)
-        _makedirs(path.parent)
-        with _temporary(path) as (fd, tmp):
-            os.ftruncate(fd, size)
-            fill(fd)
-            os.fsync(fd)
-            killpoints.hit("local.filled.synced")
-            os.replace(tmp, path)
-        _fsync_dir(path.parent)
+        with self._folder(key) as (folder, name):
+            with _temporary(folder, name) as (fd, tmp):
+                os.ftruncate(fd, size)
+                fill(fd)
+                os.fsync(fd)
+                killpoints.hit("local.filled.synced")
+                os.replace(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+            os.fsync(folder)
 
     def put_file(self, key: str, path: str | os.PathLike[str], pace: Pace | None = None
                  ) -> None:
@@ -169,17 +191,16 @@ class LocalStore:
         return str(path), status.st_size
 
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
-        path = self._target(key)
-        _makedirs(path.parent)
-        with _temporary(path) as (fd, tmp):
-            _write_all(fd, data)
-            os.fsync(fd)
-            killpoints.hit("local.put_if_absent.synced")
-            try:
-                os.link(tmp, path)  # link() fails if the target exists: an atomic create
-            except FileExistsError:
-                return False
-        _fsync_dir(path.parent)
+        with self._folder(key) as (folder, name):
+            with _temporary(folder, name) as (fd, tmp):
+                _write_all(fd, data)
+                os.fsync(fd)
+                killpoints.hit("local.put_if_absent.synced")
+                try:  # link() fails if the target exists: an atomic create
+                    os.link(tmp, name, src_dir_fd=folder, dst_dir_fd=folder)
+                except FileExistsError:
+                    return False
+            os.fsync(folder)
         return True
 
     def get(self, key: str) -> bytes:
@@ -245,54 +266,160 @@ class LocalStore:
             raise StoreError(f"{self.url}: permission denied reading {exc.filename}") from None
         return addressable(keys)
 
-    def sweep_temporaries(self, prefix: str, older_than: float) -> int:
+    def sweep_temporaries(self, prefix: str, older_than: float, *,
+                          protected: Collection[str] = (), dry_run: bool = False
+                          ) -> tuple[int, int]:
         """Delete the temporaries under ``prefix`` that no live write holds; return how
-        many.
+        many, and their bytes (``dry_run``: count them, delete nothing).
 
         A write killed between creating its temporary and renaming it into place (a
         persist, an upload marker) leaves ``.<name>.<random>.tmp`` behind, invisible to
         listings and so to GC. Its writer's lock died with it, so a temporary whose lock
         can be taken is removed at once (under that lock); one whose lock is held belongs
         to a live write, never touched. Where the filesystem has no locks, a temporary
-        counts as dead once nothing has written it for ``older_than`` seconds.
+        counts as dead once nothing has written it for ``older_than`` seconds, unless it
+        is the temporary of a key in ``protected`` (one an upload marker names).
         """
         check_prefix(prefix)
         base = self.root / prefix.rsplit("/", 1)[0] if "/" in prefix else self.root
         if not base.is_dir():
-            return 0
+            return 0, 0
         self._contain(base, prefix)
-        cutoff, swept, cut = time.time() - older_than, 0, self._cut
+        cutoff, count, size, cut = time.time() - older_than, 0, 0, self._cut
         for entry in _files(base):
+            key = entry.path[cut:]
             if entry.name.startswith(".") and entry.name.endswith(".tmp") \
-                    and entry.path[cut:].startswith(prefix):
-                swept += _remove_if_dead(entry.path, cutoff)
-        return swept
+                    and key.startswith(prefix):
+                try:  # the folder walked again, never followed: a delete stays inside
+                    with self._folder(key, create=False) as (folder, name):
+                        target = f"{key.rsplit('/', 1)[0]}/{name[1:].rsplit('.', 2)[0]}"
+                        gone = _remove_if_dead(folder, name, cutoff, target in protected,
+                                               dry_run)
+                except (FileNotFoundError, LinkOutOfStoreError):
+                    continue  # moved meanwhile, or behind a link out: not this store's
+                if gone is not None:
+                    count, size = count + 1, size + gone
+        return count, size
 
     def append(self, key: str, data: bytes) -> None:
         """Append in one O_APPEND write: lines from several processes never interleave."""
-        path = self._target(key)
-        _makedirs(path.parent)
-        # O_NOFOLLOW: a symlink planted at the key is refused, never appended through
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with self._folder(key) as (folder, name):
+            # O_NOFOLLOW: a symlink planted at the key is refused, never appended through
+            fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=folder)
         try:
             os.write(fd, data)
         finally:
             os.close(fd)
 
     def delete(self, key: str) -> None:
-        with contextlib.suppress(FileNotFoundError):
-            self._target(key).unlink()
+        """Unlink the file (a link at the key itself goes, never what it points to)."""
+        with contextlib.suppress(FileNotFoundError), \
+                self._folder(key, create=False) as (folder, name):
+            os.unlink(name, dir_fd=folder)
+
+
+def _walk(root: str, folders: list[str], create: bool,
+          refuse: Callable[[str, str], Exception]) -> int:
+    """An open descriptor of the folder ``root/folders...``, reached one ``openat`` at a
+    time with ``O_NOFOLLOW``, so the kernel never follows a link, whenever it was
+    swapped in. A link met on the way is read and walked again from the root by this
+    walk; one leading outside ``root`` gets ``refuse(link, target)`` raised. Missing
+    folders are made (0700) when ``create``, else FileNotFoundError."""
+    pending = folders[::-1]  # a stack: the next folder to enter is last
+    walked: list[str] = []  # the folders entered below the root: none of them is a link
+    links, via = 0, ("", "")  # the last link met, and its target
+    fd = _open_root(root, create)
+    try:
+        while pending:
+            name = pending.pop()
+            if name in ("", "."):
+                continue
+            if name == "..":  # only ever from a link's target
+                if not walked:
+                    raise refuse(*via)
+                pending.extend(reversed(walked[:-1]))
+            else:
+                try:
+                    child = os.open(name, _FOLDER, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    with contextlib.suppress(FileExistsError):  # another writer made it
+                        os.mkdir(name, 0o700, dir_fd=fd)
+                    pending.append(name)  # enter it (or what took its place) next
+                    continue
+                except OSError as exc:
+                    if exc.errno not in (errno.ENOTDIR, errno.ELOOP):
+                        raise
+                    links += 1
+                    if links > MAX_LINKS:
+                        raise StoreError(f"{root}: too many symbolic links on the way to "
+                                         f"{'/'.join(folders)}") from None
+                    via, folders_now = _through_link(root, walked, name, fd, refuse)
+                    pending.extend(reversed(folders_now))
+                else:
+                    os.close(fd)
+                    fd = child
+                    walked.append(name)
+                    continue
+            os.close(fd)  # a link or "..": walked again from the root
+            fd, walked = _open_root(root, create), []
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _open_root(root: str, create: bool) -> int:
+    try:
+        return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        if not create:
+            raise
+    _makedirs(Path(root))
+    return os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _through_link(root: str, walked: list[str], name: str, fd: int,
+                  refuse: Callable[[str, str], Exception]
+                  ) -> tuple[tuple[str, str], list[str]]:
+    """The link ``walked/name`` (which ``fd``, the folder ``walked``, holds as a link or
+    a file) and its target, and the folders to walk from the root in its place: its
+    target's, when that lies inside the root; ``name`` again when it vanished."""
+    here = "/".join([root, *walked, name])
+    try:
+        target = os.readlink(name, dir_fd=fd)
+    except FileNotFoundError:
+        return (here, ""), [*walked, name]  # swapped away meanwhile: look again
+    except OSError as exc:
+        if exc.errno == errno.EINVAL:  # not a link: a file where a folder should be
+            raise StoreError(f"{here} is a file, not a folder: cannot write below it"
+                             ) from None
+        raise
+    if not target.startswith("/"):
+        return (here, target), [*walked, *target.split("/")]  # ".." leaves real folders
+    for spelled in (target, os.path.realpath(target)):  # a path to the root through links
+        if spelled == root or spelled.startswith(root + "/"):
+            return (here, target), spelled[len(root):].split("/")
+    raise refuse(here, target)
 
 
 @contextlib.contextmanager
-def _temporary(path: Path) -> Iterator[tuple[int, str]]:
-    """A new temporary beside ``path`` (descriptor and name), locked while the write
-    lives and removed at the end unless renamed or linked into place by then.
+def _temporary(folder: int, name: str) -> Iterator[tuple[int, str]]:
+    """A new temporary beside ``name`` in the open ``folder`` (descriptor and name),
+    locked while the write lives and removed at the end unless renamed or linked into
+    place by then.
 
     A sweep may take a dead-looking temporary between its creation and its lock: the
     writer then finds it unlinked (or the lock taken) and makes another."""
     while True:
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        tmp = f".{name}.{os.urandom(6).hex()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600, dir_fd=folder)
+        except FileExistsError:
+            continue  # the same random name twice: draw another
         if _lock(fd, wait=False) is not False and os.fstat(fd).st_nlink:
             break
         os.close(fd)
@@ -300,7 +427,7 @@ def _temporary(path: Path) -> Iterator[tuple[int, str]]:
         yield fd, tmp
     finally:
         with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)  # renamed away already, unless the write failed
+            os.unlink(tmp, dir_fd=folder)  # renamed away already, unless the write failed
         os.close(fd)  # the lock goes with the last descriptor
 
 
@@ -318,24 +445,30 @@ def _lock(fd: int, wait: bool) -> bool | None:
     return True
 
 
-def _remove_if_dead(path: str, cutoff: float) -> int:
-    """Remove the temporary at ``path`` unless a live write holds it (1 if removed)."""
+def _remove_if_dead(folder: int, name: str, cutoff: float, protected: bool, dry_run: bool
+                    ) -> int | None:
+    """Remove the temporary ``name`` of the open ``folder`` unless a live write holds
+    it (or, without locks, it is recent or ``protected``); its size if removed (or,
+    ``dry_run``, if it would be), else None."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                     dir_fd=folder)
     except OSError:
-        return 0  # renamed meanwhile, or not a plain file: not ours to judge
+        return None  # renamed meanwhile, or not a plain file: not ours to judge
     try:
         held = _lock(fd, wait=False)
         status = os.fstat(fd)
-        if held is False or (held is None and status.st_mtime >= cutoff):
-            return 0
+        if held is False or (held is None and (status.st_mtime >= cutoff or protected)):
+            return None
+        if dry_run:
+            return status.st_size
         try:
-            if os.lstat(path).st_ino != status.st_ino:
-                return 0  # another file took the name meanwhile
-            os.unlink(path)
+            if os.stat(name, dir_fd=folder, follow_symlinks=False).st_ino != status.st_ino:
+                return None  # another file took the name meanwhile
+            os.unlink(name, dir_fd=folder)
         except FileNotFoundError:
-            return 0
-        return 1
+            return None
+        return status.st_size
     finally:
         os.close(fd)
 
@@ -402,10 +535,3 @@ def _close_map(mapped: mmap.mmap) -> None:
     with contextlib.suppress(BufferError):
         mapped.close()
 
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -14,6 +14,25 @@ Writes go to a hidden temporary file in the target directory and are renamed int
 ``posix-rename`` (atomic replace) for ``put``, the plain SFTP rename (which OpenSSH refuses
 when the target exists) for ``put_if_absent``. Each thread has its own connection, since
 one SFTP channel serialises requests.
+
+The store never writes through a symbolic link out of its root. SFTP has no ``openat``,
+so a write cannot pin the folders it walks; instead it asks the server to resolve the
+folder it writes into (``realpath``, one round trip, the one a write spent before to see
+whether the folder exists) and, if that lies inside the root (as the server resolves it),
+writes the temporary and renames it in under that resolved path, which has no link left
+in it. A link that stays inside the store still works; one that leads out raises
+:class:`~burst.errors.LinkOutOfStoreError`. Folders a write makes are walked one at a time
+with ``lstat``, a link on the way resolved and checked the same way. Deletes resolve
+their folder too. What remains open: a folder of the resolved path replaced by a link
+*after* the ``realpath`` and before the temporary's open or the rename (a window of one
+round trip, which a local store closes and SFTP cannot: nothing in the protocol opens a
+path without following links on the way). Only someone who can already write inside the
+store's folder on the server can open it.
+
+A killed upload leaves its temporary (``.<name>.<random>.tmp``), invisible to listings.
+Nothing on the server says whether its writer lives, so :meth:`SFTPStore.sweep_temporaries`
+judges by the server's own clock: a temporary nobody wrote to for the given age is dead,
+unless it is the temporary of a key the caller names as still being uploaded.
 """
 
 from __future__ import annotations
@@ -25,8 +44,9 @@ import os
 import posixpath
 import stat
 import threading
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
@@ -34,7 +54,7 @@ from urllib.parse import unquote, urlparse
 import paramiko
 from fsspec.implementations.sftp import SFTPFileSystem
 
-from burst.errors import ConfigError, StoreError
+from burst.errors import ConfigError, LinkOutOfStoreError, StoreError
 from burst.store.base import (
     Pace,
     TransientStoreError,
@@ -116,6 +136,11 @@ def _chunks(source: BinaryIO, pace: Pace | None) -> Iterator[bytes]:
         yield chunk
 
 
+def _is_temporary(name: str) -> bool:
+    """Whether a file's name is an upload's temporary (``.<name>.<random>.tmp``)."""
+    return name.startswith(".") and name.endswith(".tmp") and name.count(".") >= 3
+
+
 class SFTPStore:
     """Files under a directory of an SSH server; keys are relative paths."""
 
@@ -127,6 +152,7 @@ class SFTPStore:
         self._local = threading.local()
         self._all: list[VerifiedSFTPFileSystem] = []
         self._lock = threading.Lock()
+        self._real_root: str | None = None  # the root as the server resolves it
 
     # -- connections --------------------------------------------------------------------
 
@@ -154,9 +180,8 @@ class SFTPStore:
     # -- the Store protocol -------------------------------------------------------------
 
     def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
-        path = self._path(key)
         with self._errors(f"writing {key}"):
-            tmp = self._upload_temp(path, data)
+            tmp, path = self._upload_temp(key, data)
             try:
                 self._ftp().posix_rename(tmp, path)
             except BaseException:
@@ -166,9 +191,8 @@ class SFTPStore:
     def put_file(self, key: str, path: str | os.PathLike[str], pace: Pace | None = None
                  ) -> None:
         """Stream the file into a temporary beside ``key``, then rename it into place."""
-        target = self._path(key)
         with self._errors(f"writing {key}"), open(path, "rb") as source:
-            tmp = self._upload_temp(target, _chunks(source, pace))
+            tmp, target = self._upload_temp(key, _chunks(source, pace))
             try:
                 self._ftp().posix_rename(tmp, target)
             except BaseException:
@@ -176,11 +200,11 @@ class SFTPStore:
                 raise
 
     def put_if_absent(self, key: str, data: bytes | bytearray | memoryview) -> bool:
-        path = self._path(key)
         with self._errors(f"writing {key}"):
+            self._placed(key)  # refused before anything is read through a link out
             if self.size(key) is not None:
                 return False
-            tmp = self._upload_temp(path, data)
+            tmp, path = self._upload_temp(key, data)
             try:
                 self._ftp().rename(tmp, path)  # OpenSSH: link()+unlink(), fails if path exists
             except OSError:
@@ -241,52 +265,161 @@ class SFTPStore:
 
     def list(self, prefix: str) -> list[str]:
         start = check_prefix(prefix).rsplit("/", 1)[0] if "/" in prefix else ""
-        keys: list[str] = []
+        found: list[tuple[str, paramiko.SFTPAttributes]] = []
         with self._errors(f"listing {prefix or '/'}"):
-            self._walk(posixpath.join(self.root, start) if start else self.root, keys)
+            self._walk(posixpath.join(self.root, start) if start else self.root, found)
         cut = len(self.root) + 1
-        return addressable([k[cut:] for k in keys if k[cut:].startswith(prefix)])
+        return addressable([k[cut:] for k, _ in found if k[cut:].startswith(prefix)])
 
-    def _walk(self, directory: str, out: list[str]) -> None:
+    def _walk(self, directory: str, out: list[tuple[str, paramiko.SFTPAttributes]], *,
+              hidden: bool = False) -> None:
+        """Every regular file under ``directory``, with its attributes; hidden ones
+        (temporaries of writes in progress) only when asked for. Links are not entered
+        (the server lists an entry's own attributes, a link's as a link)."""
         try:
             entries = self._ftp().listdir_attr(directory)
         except FileNotFoundError:
             return
         for entry in entries:
-            if entry.filename.startswith("."):
-                continue  # temporary files of writes in progress
+            if entry.filename.startswith(".") and not hidden:
+                continue
             path = f"{directory}/{entry.filename}"
             if stat.S_ISDIR(entry.st_mode or 0):
-                self._walk(path, out)
+                self._walk(path, out, hidden=hidden)
             elif stat.S_ISREG(entry.st_mode or 0):
-                out.append(path)
+                out.append((path, entry))
 
     def delete(self, key: str) -> None:
+        """Remove the file (a link at the key itself goes, never what it points to)."""
         with self._errors(f"deleting {key}"):
-            self._remove(self._path(key))
+            path = self._placed(key)
+            if path is not None:
+                self._remove(path)
+
+    def sweep_temporaries(self, prefix: str, older_than: float, *,
+                          protected: Collection[str] = (), dry_run: bool = False
+                          ) -> tuple[int, int]:
+        """Delete the temporaries under ``prefix`` that killed uploads left; return how
+        many, and their bytes (``dry_run``: count them, delete nothing).
+
+        A temporary counts as dead once nothing has written to it for ``older_than``
+        seconds by the server's clock (a live upload writes it a chunk at a time, and
+        the client's clock may differ from the server's), unless it is the temporary of
+        a key in ``protected`` (a blob an upload marker names: that upload may live)."""
+        start = check_prefix(prefix).rsplit("/", 1)[0] if "/" in prefix else ""
+        count = size = 0
+        cut = len(self.root) + 1
+        with self._errors(f"sweeping temporaries under {prefix or '/'}"):
+            found: list[tuple[str, paramiko.SFTPAttributes]] = []
+            self._walk(posixpath.join(self.root, start) if start else self.root, found,
+                       hidden=True)
+            found = [(path[cut:], attrs) for path, attrs in found
+                     if _is_temporary(path.rsplit("/", 1)[-1]) and path[cut:].startswith(prefix)]
+            if not found:
+                return 0, 0
+            cutoff = self._server_time() - older_than
+            for key, attrs in found:
+                directory, name = posixpath.split(key)
+                target = posixpath.join(directory, name[1:].rsplit(".", 2)[0])
+                if (attrs.st_mtime or 0) >= cutoff or target in protected:
+                    continue
+                if not dry_run:
+                    placed = self._placed(key)
+                    if placed is None:
+                        continue
+                    self._remove(placed)
+                count, size = count + 1, size + (attrs.st_size or 0)
+        return count, size
 
     # -- helpers ------------------------------------------------------------------------
 
-    def _upload_temp(self, path: str,
-                     data: bytes | bytearray | memoryview | Iterator[bytes]) -> str:
-        """Write ``data`` (bytes, or chunks of them) to a new temporary beside ``path``."""
-        directory, name = posixpath.split(path)
-        self._makedirs(directory)
-        tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+    def _placed(self, key: str) -> str | None:
+        """Where ``key`` is written or deleted: in its folder as the server resolves it,
+        refused if that lies outside the root; None when a folder above that one is
+        missing. The file itself is replaced or removed, never followed."""
+        directory, name = posixpath.split(self._path(key))
+        try:
+            real = self._ftp().normalize(directory)
+        except FileNotFoundError:
+            return None
+        self._check_inside(real, directory, key)
+        return f"{real}/{name}"
+
+    def _check_inside(self, real: str, spelled: str, key: str) -> None:
+        if self._real_root is None:
+            self._real_root = self._ftp().normalize(self.root)
+        root = self._real_root
+        if real != root and not real.startswith(root.rstrip("/") + "/"):
+            raise LinkOutOfStoreError(f"{self.url}: refusing {key!r}: a symbolic link in "
+                                      f"the store leads outside it ({spelled} is {real})")
+
+    def _server_time(self) -> float:
+        """The server's clock now: the time it stamps on a file written for the purpose
+        (temporaries' ages are its timestamps; the client's clock may be minutes off)."""
+        ftp = self._ftp()
+        probe = f"{self.root}/.clock.{uuid.uuid4().hex[:12]}.probe"
+        try:
+            with ftp.open(probe, "wb") as f:
+                f.write(b"")
+            return float(ftp.stat(probe).st_mtime or time.time())
+        finally:
+            self._remove(probe)
+
+    def _upload_temp(self, key: str, data: bytes | bytearray | memoryview | Iterator[bytes]
+                     ) -> tuple[str, str]:
+        """Write ``data`` (bytes, or chunks of them) to a new temporary beside ``key``'s
+        file, in its folder as resolved and checked (:meth:`_placed`), made if missing;
+        return the temporary and where to rename it."""
         if isinstance(data, bytes | bytearray | memoryview):
             view = memoryview(data).cast("B")
             data = (view[start : start + CHUNK] for start in range(0, len(view), CHUNK))
+        tmp, path, f = self._open_temp(key)
         try:
-            with self._ftp().open(tmp, "wb") as f:
+            with f:
                 f.set_pipelined(True)
                 for chunk in data:
                     f.write(chunk)
         except BaseException:
             self._remove(tmp)
             raise
-        return tmp
+        return tmp, path
 
-    def _makedirs(self, directory: str) -> None:
+    def _open_temp(self, key: str) -> tuple[str, str, Any]:
+        """A new temporary beside ``key``'s file, open for writing: its path, the file's,
+        and the open file. A missing folder is made only when the open says so (the
+        server resolves a path whose last folder is missing as if it were there)."""
+        path = self._placed(key)
+        if path is not None:
+            with contextlib.suppress(FileNotFoundError):  # its folder is missing
+                return self._open_beside(path)
+        self._makedirs(posixpath.dirname(self._path(key)), key)
+        path = self._placed(key)
+        if path is None:
+            raise StoreError(f"{self.url}: the folder of {key} vanished while it was made")
+        return self._open_beside(path)
+
+    def _open_beside(self, path: str) -> tuple[str, str, Any]:
+        directory, name = posixpath.split(path)
+        tmp = f"{directory}/.{name}.{uuid.uuid4().hex[:12]}.tmp"
+        return tmp, path, self._ftp().open(tmp, "wb")
+
+    def _makedirs(self, directory: str, key: str) -> None:
+        """Make ``directory`` (the root and its parents plainly, as the user named them;
+        below the root one folder at a time, a link on the way checked to stay inside)."""
+        ftp = self._ftp()
+        self._mkdirs_up(self.root)
+        path = self.root
+        for name in directory[len(self.root) + 1:].split("/"):
+            path = f"{path}/{name}"
+            try:
+                mode = ftp.lstat(path).st_mode or 0
+            except FileNotFoundError:
+                self._mkdir(path)
+                continue
+            if stat.S_ISLNK(mode):
+                self._check_inside(ftp.normalize(path), path, key)
+
+    def _mkdirs_up(self, directory: str) -> None:
         ftp = self._ftp()
         missing = []
         while directory and directory != "/":
@@ -297,11 +430,15 @@ class SFTPStore:
                 missing.append(directory)
                 directory = posixpath.dirname(directory)
         for path in reversed(missing):
-            try:
-                ftp.mkdir(path)
-            except OSError:
-                if not stat.S_ISDIR(ftp.stat(path).st_mode or 0):  # lost a race: fine if a dir
-                    raise
+            self._mkdir(path)
+
+    def _mkdir(self, path: str) -> None:
+        ftp = self._ftp()
+        try:
+            ftp.mkdir(path)
+        except OSError:
+            if not stat.S_ISDIR(ftp.stat(path).st_mode or 0):  # lost a race: fine if a dir
+                raise
 
     def _remove(self, path: str) -> None:
         with contextlib.suppress(FileNotFoundError):
