@@ -51,6 +51,7 @@ import torch
 from burst import killpoints
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
+from burst.snapshot import index, reader
 from burst.snapshot.commit import commit, each_blob
 from burst.snapshot.tensors import dtype_name, layout_blobs
 from burst.state import tree as tree_mod
@@ -228,27 +229,46 @@ def commit_parts(store: Store, run_id: str, step: int, world_size: int, *, tree:
         time.sleep(delay)
         delay = min(delay * 2, _POLL_MAX)
     killpoints.hit("shard-commit.parts-read")
+    algo = _hash_of(waiting)
     tensors, blobs, owner = merge(waiting.reports, world_size)
+    waiting.reports.clear()  # merged: rank 0's memory holds one copy of the table
     _check_tree(tree, tensors, step)
-    manifest = {**meta, **(stamp or {}),
-                **fmt.format_fields(sharded=True, algo=_hash_of(waiting)), "run_id": run_id,
-                "step": step, "state": tree, "tensors": tensors, "blobs": blobs}
+    fields = fmt.format_fields(sharded=True, algo=algo)
+    files = dict(index.encode_files(fields, run_id, step, tensors, blobs, algo))
+    del tensors
+    manifest = {**meta, **(stamp or {}), **fields, "run_id": run_id, "step": step,
+                "state": tree, "tensors": {}, "indexes": list(files),
+                "blobs": {digest: {"size": len(data)} for digest, data in files.items()}}
     data = fmt.encode_manifest(manifest)
-    fmt.parse_manifest(data, run_id=run_id, step=step, source=f"merged manifest of step {step}")
+    expanded = _expanded(data, files, run_id, step)
+    sizes = {digest: info["size"] for digest, info in expanded["blobs"].items()}
 
     def land(digest: str, _size: int) -> None:
+        if digest in files:  # an index file: rank 0's own, written after every rank's blobs
+            retry(lambda: store.put(fmt.blob_key(run_id, digest), files[digest]), policy)
+            return
         raise SnapshotError(f"blob {digest[:12]} that rank {owner[digest]} wrote for step "
                             f"{step} is missing from {store.url}")
 
     try:
-        commit(store, run_id, step, data, {d: info["size"] for d, info in blobs.items()}, land,
-               overwrite=True, points="shard-commit", policy=policy)
+        commit(store, run_id, step, data, sizes, land, overwrite=True, points="shard-commit",
+               policy=policy)
     except SnapshotError:
         _withdraw(store, run_id, step, data, policy)
         raise
+    reader.remember_digests(data, run_id, step, frozenset(sizes))
     _clean(store, run_id, step, policy)
     killpoints.hit("shard-commit.parts-deleted")
-    return manifest
+    return expanded
+
+
+def _expanded(data: bytes, files: dict[str, bytes], run_id: str, step: int) -> dict:
+    """The manifest ``data`` with its index ``files`` merged in, each checked as a reader
+    will check it (:func:`burst.snapshot.reader.with_indexes`): what the commit returns."""
+    source = f"merged manifest of step {step}"
+    parsed = fmt.parse_manifest(data, run_id=run_id, step=step, source=source)
+    return index.expand(parsed, [index.parse(files[digest], parsed, digest, source)
+                                 for digest in index.listed(parsed, source)])
 
 
 def _hash_of(waiting: _Waiting) -> str:

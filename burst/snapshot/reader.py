@@ -17,6 +17,7 @@ from typing import Protocol, TypeVar, runtime_checkable
 
 from burst.errors import LinkOutOfStoreError, SnapshotError
 from burst.snapshot import format as fmt
+from burst.snapshot import index as index_files
 from burst.store.base import Store
 
 Buffer = TypeVar("Buffer")  # anything memoryview() can write into: bytearray, an ndarray
@@ -41,8 +42,26 @@ def read_manifest(store: Store, run_id: str, step: int | None = None) -> dict | 
 def read_manifest_bytes(store: Store, run_id: str, step: int) -> tuple[bytes, dict]:
     """The manifest at ``step`` as stored (to copy it byte for byte) and as parsed."""
     raw, _key = _manifest_raw(store, run_id, step)
-    return raw, fmt.parse_manifest(raw, run_id=run_id, step=step,
-                                   source=f"snapshot {run_id}@{step}")
+    source = f"snapshot {run_id}@{step}"
+    manifest = fmt.parse_manifest(raw, run_id=run_id, step=step, source=source)
+    return raw, with_indexes(store, manifest, source)
+
+
+def with_indexes(store: Store, manifest: dict, source: str) -> dict:
+    """A parsed manifest with the tensor table of its index files merged in (read whole
+    and hash-checked like blobs; :mod:`burst.snapshot.index`); one without index files
+    as it is."""
+    digests = index_files.listed(manifest, source)
+    if not digests:
+        return manifest
+    run_id, algo = manifest["run_id"], fmt.hash_of(manifest)
+
+    def read(digest: str) -> dict:
+        data = read_blob(store, run_id, digest, manifest["blobs"][digest]["size"], algo=algo)
+        return index_files.parse(data, manifest, digest, source)
+
+    with ThreadPoolExecutor(min(4, len(digests)), thread_name_prefix="burst-index") as pool:
+        return index_files.expand(manifest, list(pool.map(read, digests)))
 
 
 def referenced_blobs(store: Store, run_id: str, step: int) -> frozenset[str]:
@@ -59,9 +78,9 @@ def referenced_blobs(store: Store, run_id: str, step: int) -> frozenset[str]:
         known = _PARSED.get(key)
     if known is not None:
         return known
-    manifest = fmt.parse_manifest(key[0], run_id=run_id, step=step,
-                                  source=f"snapshot {run_id}@{step}")
-    digests = frozenset(manifest["blobs"])
+    source = f"snapshot {run_id}@{step}"
+    manifest = fmt.parse_manifest(key[0], run_id=run_id, step=step, source=source)
+    digests = frozenset(with_indexes(store, manifest, source)["blobs"])
     remember_digests(key[0], run_id, step, digests)
     return digests
 

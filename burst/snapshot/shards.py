@@ -40,6 +40,10 @@ from burst.store.base import Store
 WORKERS = 4  # shards of one region read at once (ranged reads wait on the network)
 CACHE_BYTES = 2 * fmt.PACK_LIMIT  # whole blobs kept: a couple of packs of small tensors
 SMALL_CHUNKS = 2  # a span within this many chunks is read chunk by chunk, and they are kept
+# A region smaller than this copies its shards on the calling thread: its bytes come from
+# cached packs or a chunk or two, and starting a pool per tensor would cost a reshard of
+# 200k small tensors minutes (tests/snapshot/test_index_scale.py).
+SERIAL_BYTES = fmt.PACK_THRESHOLD
 
 
 class BlobCache:
@@ -150,8 +154,9 @@ def read_region(store: Store, manifest: dict, name: str, offsets: Sequence[int],
                                 f"{manifest['run_id']}@{manifest['step']} leave part of "
                                 f"region {box.offsets}+{box.sizes} uncovered")
         copy = _Copier(store, manifest, cache, itemsize, box, staged)
-        if len(pieces) == 1:
-            copy(pieces[0])
+        if len(pieces) == 1 or raw.numel() < SERIAL_BYTES:  # a pool costs more than it saves
+            for piece in pieces:
+                copy(piece)
         else:
             with ThreadPoolExecutor(min(WORKERS, len(pieces)),
                                     thread_name_prefix="burst-shards") as pool:
