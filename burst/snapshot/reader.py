@@ -138,21 +138,26 @@ def is_sharded(manifest: dict) -> bool:
     return manifest.get("format") in fmt.SHARDED_VERSIONS
 
 
-def newest_complete(store: Store, run_id: str, log: Callable[[str], None]) -> dict | None:
+def newest_complete(store: Store, run_id: str, log: Callable[[str], None], *,
+                    below: int | None = None) -> dict | None:
     """The newest snapshot whose manifest parses and whose every blob is there at its
     size; None if the run has none at all. The fallback rule is :func:`newest_intact`'s.
 
     For a restore on several ranks straight from the store (a sharded snapshot): hashing
     every blob here would have one rank download the whole state, which is what sharding
     avoids. Each rank checks the hashes of the bytes it reads instead
-    (:mod:`burst.snapshot.shards`), so a corrupt shard still never loads."""
-    return _newest(store, run_id, log, _complete, "complete")
+    (:mod:`burst.snapshot.shards`), so a corrupt shard still never loads; when one does
+    not, the ranks fall back together to the newest complete snapshot ``below`` its step
+    (:mod:`burst.parallel.fallback`)."""
+    return _newest(store, run_id, log, _complete, "complete", below=below)
 
 
 def _newest(store: Store, run_id: str, log: Callable[[str], None],
-            check: Callable[[Store, str, int], dict], usable: str) -> dict | None:
-    """The newest step ``check`` accepts, each newer one it refuses told to ``log``."""
-    steps = list_steps(store, run_id)
+            check: Callable[[Store, str, int], dict], usable: str, *,
+            below: int | None = None) -> dict | None:
+    """The newest step (before ``below``) ``check`` accepts, each newer one it refuses
+    told to ``log``."""
+    steps = [s for s in list_steps(store, run_id) if below is None or s < below]
     failures: list[str] = []
     for index, step in enumerate(reversed(steps)):
         try:

@@ -45,7 +45,7 @@ from burst import events
 from burst.env import freeze, stager
 from burst.errors import ConfigError, SnapshotError, StoreError
 from burst.inputs import part as inputs_part
-from burst.parallel import partition
+from burst.parallel import fallback, partition
 from burst.parallel import state as dist_state
 from burst.parallel.group import Group, StepVote, unwrap
 from burst.snapshot import lineage, reader, sync
@@ -393,13 +393,21 @@ class Run:
         self._optimizer_stepped = True
 
     def _restore(self, manifest: dict) -> state_mod.RestoreReport:
-        batch = manifest.get("batch", {})
         if self._group.collective:  # each rank reads what it needs from the store
-            saved = dist_state.load(self.store, manifest, self.components, self._group)
+            # a shard that fails its hash on any rank sends every rank to an older snapshot
+            # (of this run, so of this global batch: attach's checks hold for it too)
+            manifest, saved = fallback.load_agreed(
+                self._group, manifest,
+                lambda chosen: dist_state.load(self.store, chosen, self.components, self._group),
+                lambda step: reader.newest_complete(self.store, self.run_id,
+                                                    log=self._skipped_snapshot, below=step),
+                lambda step: reader.read_manifest_bytes(self.store, self.run_id, step)[1],
+                self._skipped_snapshot)
         else:  # verified in choosing it (newest_intact): not hashed again
             tensors = load_tensors(self.local, manifest,
                                    verified=manifest["step"] == self._verified_step)
             saved = state_mod.decode(manifest, tensors)
+        batch = manifest.get("batch", {})
         saved_amp = manifest.get("amp", {}).get("dtype")
         notes = dist_state.restore(self.components, saved, self._group, saved_amp=saved_amp,
                                    amp=self._amp(), seed=self.seed, step=manifest["step"],
