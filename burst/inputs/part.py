@@ -69,15 +69,20 @@ class InputsPart:
         self._saved: bytes | None = None  # the manifest last written
         self._loaded = False
         self._lock = threading.Lock()
+        self._since = 0  # the recorder's mark when this run began: it reads what came after
+        self._recorded: set[str] = set()  # what the recorder gave this run so far
         if self.record:
             recorder.start()
+            self._since = recorder.mark()
 
     def set_code(self, root: str, members: Iterable[str]) -> None:
         """The code archive's root and members: files read there travel with the code."""
         self.code_root, self.in_archive = os.path.realpath(root), set(members)
 
     def selection(self, store: Store | None = None) -> selection.Selection:
-        recorded = recorder.collect() if self.record and recorder.recording() else []
+        if self.record and recorder.recording():
+            self._recorded.update(recorder.collect(self._since))
+        recorded = sorted(self._recorded)
         root = getattr(store, "root", None)  # a store on disk: what is read there is burst's
         if isinstance(root, str | os.PathLike) and os.fspath(root) not in self.environment:
             self.environment.append(os.fspath(root))
@@ -257,6 +262,16 @@ def declare(store: Store, run_id: str, inputs: Iterable[str | os.PathLike[str]] 
             part = _PARTS[(store.url, run_id)] = InputsPart(
                 run_id, inputs, environment=environment, code_dir=code_dir)
         return part
+
+
+def release(store: Store, run_id: str) -> None:
+    """The run has closed: forget its part and stop recording for it. What it read is
+    named in the store already (the final snapshot refreshed it); a later run in this
+    process records afresh."""
+    with _GUARD:
+        part = _PARTS.pop((store.url, run_id), None)
+    if part is not None and part.record:
+        recorder.stop()
 
 
 def for_run(run_id: str) -> list[InputsPart]:

@@ -10,8 +10,13 @@ threads, named ``burst-*``, read the code tree and the environment: not inputs) 
 append to a list. No I/O, no
 filtering: which of the paths are inputs (outside the code tree, the Python environment
 and the system) is decided at freeze time by :mod:`burst.inputs.selection`, off the hot
-path. An audit hook cannot be removed, so it is added once per process and :func:`stop`
-only mutes it.
+path. An audit hook cannot be removed, so it is added once per process; it records while
+any run wants it (:func:`start` and :func:`stop` count them) and is muted after.
+
+One process may hold several runs, one after another (a notebook) or side by side: each
+run takes a :func:`mark` when it starts and :func:`collect` gives it only what was read
+since, so a run never ships what an earlier one read (a mark forgets which paths were
+already shown, so a file both runs read is recorded for the second one too).
 
 What the hook misses is picked up at :func:`collect` time from ``/proc/self/maps`` (a
 token file memmapped before the hook was added) and ``/proc/self/fd`` (files still
@@ -27,12 +32,15 @@ import os
 import sys
 import tempfile
 import threading
+from collections.abc import Iterable
 from pathlib import Path
 
 _SEEN: set[object] = set()  # every path the hook was shown, as given (str, bytes, fd ...)
 _NEW: list[str] = []  # absolute paths found since the last drain (list.append is atomic)
-_FOUND: set[str] = set()  # everything drained so far, in this process
+_FOUND: dict[str, int] = {}  # every path found so far -> when it was last found (a counter)
+_REPORTS: dict[str, int] = {}  # a forked worker's report file -> how much of it was read
 _STATE: dict[str, object] = {"installed": False, "on": False, "dir": None, "child": False}
+_COUNTS = {"users": 0, "found": 0}  # runs recording now; paths found so far (the clock)
 _WRITING = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
 FLUSH_SECONDS = 0.2  # how often a forked worker writes what it found
 BURST_THREADS = "burst-"  # the prefix of every thread burst starts (burst-freeze, ...)
@@ -60,19 +68,29 @@ def _hook(event: str, args: tuple) -> None:
 
 
 def start() -> Path:
-    """Record from now on (idempotent); the directory forked workers report into."""
+    """Record from now on, for one more run; the directory forked workers report into."""
     if not _STATE["installed"]:
         _STATE["dir"] = tempfile.mkdtemp(prefix="burst-inputs-")
         sys.addaudithook(_hook)
         os.register_at_fork(after_in_child=_in_child)
         _STATE["installed"] = True
+    _COUNTS["users"] += 1
     _STATE["on"] = True
     return Path(str(_STATE["dir"]))
 
 
 def stop() -> None:
-    """Stop recording (the hook stays, muted: Python cannot remove it)."""
-    _STATE["on"] = False
+    """One run is done recording; with none left the hook is muted (Python cannot remove
+    it), so a finished run's process does not go on collecting paths for nobody."""
+    _COUNTS["users"] = max(0, _COUNTS["users"] - 1)
+    _STATE["on"] = _COUNTS["users"] > 0
+
+
+def mark() -> int:
+    """Where a run starts: :func:`collect` with this mark gives what was read after it."""
+    _gather()
+    _SEEN.clear()  # shown again from now on: the new run reads them too
+    return _COUNTS["found"]
 
 
 def recording() -> bool:
@@ -108,21 +126,39 @@ def _drain() -> list[str]:
     return found
 
 
-def collect() -> list[str]:
-    """Every absolute path read so far by this process, its forked workers, its memory
-    maps and its open files (sorted; not yet filtered)."""
-    _FOUND.update(_drain())
+def collect(since: int = 0) -> list[str]:
+    """Every absolute path read since the :func:`mark` ``since`` by this process and its
+    forked workers, and those its memory maps and open files hold now (sorted; not yet
+    filtered)."""
+    _gather()
+    found = {path for path, when in _FOUND.items() if when > since}
+    found.update(mapped_files())
+    found.update(open_files())
+    return sorted(p for p in found if p.startswith("/"))
+
+
+def _gather() -> None:
+    """Take in what the hook and the forked workers found since the last gathering."""
+    _found(_drain())
     folder = _STATE["dir"]
-    if folder:
-        for report in Path(str(folder)).glob("opened-*.txt"):
-            try:
-                _FOUND.update(report.read_text(encoding="utf-8",
-                                               errors="surrogateescape").splitlines())
-            except OSError:
-                continue
-    _FOUND.update(mapped_files())
-    _FOUND.update(open_files())
-    return sorted(p for p in _FOUND if p.startswith("/"))
+    if not folder:
+        return
+    for report in Path(str(folder)).glob("opened-*.txt"):
+        try:
+            with open(report, "rb") as lines:
+                lines.seek(_REPORTS.get(str(report), 0))
+                new = lines.read()
+        except OSError:
+            continue
+        whole = new[:new.rfind(b"\n") + 1]  # a line still being written waits for the next
+        _REPORTS[str(report)] = _REPORTS.get(str(report), 0) + len(whole)
+        _found(os.fsdecode(line) for line in whole.splitlines())
+
+
+def _found(paths: Iterable[str]) -> None:
+    for path in paths:
+        _COUNTS["found"] += 1
+        _FOUND[path] = _COUNTS["found"]
 
 
 def mapped_files(maps: str = "/proc/self/maps") -> set[str]:
@@ -169,10 +205,13 @@ def _fd_flags(entry: str) -> int | None:
 
 
 def reset() -> None:
-    """Forget what was found (tests; the hook stays installed)."""
+    """Forget what was found and who records (tests; the hook stays installed, muted)."""
+    _COUNTS["users"], _STATE["on"] = 0, False
     _SEEN.clear()
     _NEW.clear()
     _FOUND.clear()
+    _REPORTS.clear()
+    _COUNTS["found"] = 0
     folder = _STATE["dir"]
     if folder:
         for report in Path(str(folder)).glob("opened-*.txt"):

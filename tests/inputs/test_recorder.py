@@ -73,3 +73,30 @@ def test_reads_of_bursts_own_threads_are_not_the_runs(dataset):
     reader.start()
     reader.join()
     assert str(dataset / "docs" / "doc0.txt") not in recorder.collect()
+
+
+def test_a_run_started_later_is_not_given_what_an_earlier_one_read(dataset):
+    recorder.start()
+    (dataset / "docs" / "doc0.txt").read_text()
+    since = recorder.mark()
+    (dataset / "docs" / "doc1.txt").read_text()
+    found = recorder.collect(since)
+    assert str(dataset / "docs" / "doc1.txt") in found
+    assert str(dataset / "docs" / "doc0.txt") not in found
+
+
+def test_a_file_both_runs_read_is_recorded_for_the_later_one_too(dataset):
+    recorder.start()
+    (dataset / "docs" / "doc0.txt").read_text()
+    since = recorder.mark()
+    (dataset / "docs" / "doc0.txt").read_text()
+    assert str(dataset / "docs" / "doc0.txt") in recorder.collect(since)
+
+
+def test_recording_goes_on_until_the_last_run_stops(dataset):
+    recorder.start()
+    recorder.start()
+    recorder.stop()
+    assert recorder.recording()
+    recorder.stop()
+    assert not recorder.recording()
