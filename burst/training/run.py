@@ -744,6 +744,7 @@ class Run:
             self._buffer_hook = None
         if self._watcher is not None:
             self._watcher.stop()
+        inputs_part.release(self.store, self.run_id)  # a later run here records afresh
         if upload_error is not None:
             outage.upload_failed(self.local, self.store, self.run_id, self.step, upload_error)
 
