@@ -35,14 +35,14 @@ def gc(run_id: str, store_url: str, keep_last: int, keep_every: int | None, dry_
     were never committed. Safe while an upload runs: blobs, temporaries and parts of
     pushes in progress are never deleted.
     """
-    ttl = {}
+    marker_ttl, temp_ttl = retention.MARKER_TTL, retention.TEMP_TTL
     if stale_after is not None:
-        seconds = parse_duration(stale_after, what="--stale-after").total_seconds()
-        ttl = {"marker_ttl": seconds, "temp_ttl": seconds}
+        marker_ttl = temp_ttl = parse_duration(stale_after, what="--stale-after").total_seconds()
     store = open_store(store_url, **settings)
     if not store.list(f"{run_id}/"):  # a typo'd run id must not look like a clean store
         raise SnapshotError(f"run {run_id!r} has nothing in {store.url}")
-    report = retention.gc(store, run_id, keep_last, keep_every, dry_run=dry_run, **ttl)
+    report = retention.gc(store, run_id, keep_last, keep_every, dry_run=dry_run,
+                          marker_ttl=marker_ttl, temp_ttl=temp_ttl)
     if as_json:
         click.echo(json.dumps(report.as_dict(), indent=1))
         return

@@ -46,7 +46,7 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Collection, Iterator
+from collections.abc import Collection, Iterable, Iterator
 from pathlib import Path
 from typing import Any, BinaryIO
 from urllib.parse import unquote, urlparse
@@ -134,6 +134,9 @@ def _chunks(source: BinaryIO, pace: Pace | None) -> Iterator[bytes]:
         if not chunk:
             return
         yield chunk
+
+
+Found = list[tuple[str, paramiko.SFTPAttributes]]  # files a walk found, with their attributes
 
 
 def _is_temporary(name: str) -> bool:
@@ -265,14 +268,13 @@ class SFTPStore:
 
     def list(self, prefix: str) -> list[str]:
         start = check_prefix(prefix).rsplit("/", 1)[0] if "/" in prefix else ""
-        found: list[tuple[str, paramiko.SFTPAttributes]] = []
+        found: Found = []
         with self._errors(f"listing {prefix or '/'}"):
             self._walk(posixpath.join(self.root, start) if start else self.root, found)
         cut = len(self.root) + 1
         return addressable([k[cut:] for k, _ in found if k[cut:].startswith(prefix)])
 
-    def _walk(self, directory: str, out: list[tuple[str, paramiko.SFTPAttributes]], *,
-              hidden: bool = False) -> None:
+    def _walk(self, directory: str, out: Found, *, hidden: bool = False) -> None:
         """Every regular file under ``directory``, with its attributes; hidden ones
         (temporaries of writes in progress) only when asked for. Links are not entered
         (the server lists an entry's own attributes, a link's as a link)."""
@@ -310,15 +312,16 @@ class SFTPStore:
         count = size = 0
         cut = len(self.root) + 1
         with self._errors(f"sweeping temporaries under {prefix or '/'}"):
-            found: list[tuple[str, paramiko.SFTPAttributes]] = []
+            found: Found = []
             self._walk(posixpath.join(self.root, start) if start else self.root, found,
                        hidden=True)
-            found = [(path[cut:], attrs) for path, attrs in found
-                     if _is_temporary(path.rsplit("/", 1)[-1]) and path[cut:].startswith(prefix)]
-            if not found:
+            temporaries = [(path[cut:], attrs) for path, attrs in found
+                           if _is_temporary(path.rsplit("/", 1)[-1])
+                           and path[cut:].startswith(prefix)]
+            if not temporaries:
                 return 0, 0
             cutoff = self._server_time() - older_than
-            for key, attrs in found:
+            for key, attrs in temporaries:
                 directory, name = posixpath.split(key)
                 target = posixpath.join(directory, name[1:].rsplit(".", 2)[0])
                 if (attrs.st_mtime or 0) >= cutoff or target in protected:
@@ -370,14 +373,17 @@ class SFTPStore:
         """Write ``data`` (bytes, or chunks of them) to a new temporary beside ``key``'s
         file, in its folder as resolved and checked (:meth:`_placed`), made if missing;
         return the temporary and where to rename it."""
+        chunks: Iterable[bytes | memoryview]
         if isinstance(data, bytes | bytearray | memoryview):
             view = memoryview(data).cast("B")
-            data = (view[start : start + CHUNK] for start in range(0, len(view), CHUNK))
+            chunks = (view[start : start + CHUNK] for start in range(0, len(view), CHUNK))
+        else:
+            chunks = data
         tmp, path, f = self._open_temp(key)
         try:
             with f:
                 f.set_pipelined(True)
-                for chunk in data:
+                for chunk in chunks:
                     f.write(chunk)
         except BaseException:
             self._remove(tmp)
