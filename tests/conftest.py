@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from burst.snapshot import priority
 from burst.store import memory
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,6 +29,11 @@ DEAD_INDEX = "http://127.0.0.1:9/simple/"
 os.environ.setdefault("PIP_INDEX_URL", DEAD_INDEX)
 os.environ.setdefault("UV_INDEX_URL", DEAD_INDEX)
 os.environ.setdefault("PIP_RETRIES", "0")
+# The persister runs at idle CPU priority (burst.snapshot.priority), which on a machine the
+# suite itself loads past its cores would leave snapshots waiting for other tests to end:
+# the suite keeps it at normal priority, and tests/snapshot/test_persister_priority.py
+# checks the idle one.
+os.environ.setdefault(priority.ENV_PRIORITY, priority.NORMAL)
 # SkyPilot lives in its own environment (its click pin clashes with transformers):
 # scripts/setup.sh makes .venv-sky; burst finds it here (burst.launch.skyenv).
 if (ROOT / ".venv-sky" / "bin" / "python").exists():

@@ -35,6 +35,7 @@ from burst.env import codearchive, lockfile, wheelchoice, wheelhouse
 from burst.env.redact import scrub_text
 from burst.errors import BurstError
 from burst.inputs import part as inputs_part
+from burst.snapshot import priority
 from burst.snapshot import reader as snapshot
 from burst.store import is_local
 from burst.store.base import Store
@@ -170,8 +171,8 @@ def _start(store: Store, run_id: str, local: Store | None) -> threading.Event:
         if cache_key in _CACHE:
             done.set()
             return done
-    threading.Thread(target=freeze_run, args=(store, run_id), kwargs={"local": local},
-                     daemon=True, name="burst-freeze").start()
+    # at idle priority: the training step keeps its cores (burst.snapshot.priority)
+    priority.start_idle(lambda: freeze_run(store, run_id, local=local), name="burst-freeze")
     return done
 
 

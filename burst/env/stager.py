@@ -31,7 +31,7 @@ from burst.env.readiness import Readiness
 from burst.env.redact import scrub_text
 from burst.env.staging import Part, Pending
 from burst.errors import BurstError
-from burst.snapshot import traffic
+from burst.snapshot import priority, traffic
 from burst.store import is_local
 from burst.store.base import Store
 
@@ -67,8 +67,8 @@ class Stager:
         self._thread: threading.Thread | None = None
 
     def start(self) -> Stager:
-        self._thread = threading.Thread(target=self._work, name="burst-stage", daemon=True)
-        self._thread.start()
+        # at idle priority: the training step keeps its cores (burst.snapshot.priority)
+        self._thread = priority.start_idle(self._work, name="burst-stage")
         return self
 
     def stop(self) -> None:

@@ -33,6 +33,7 @@ from burst.env import spawn
 from burst.env.staging import Pending, Throttle
 from burst.errors import ConfigError
 from burst.inputs import chunks, names, recorder, selection
+from burst.snapshot import priority
 from burst.store.base import Store
 
 Say = Callable[[str], None]
@@ -334,7 +335,7 @@ def refresh(store: Store, run_id: str) -> None:
             with _GUARD:
                 _REFRESHING.discard(key)
 
-    threading.Thread(target=work, name="burst-inputs", daemon=True).start()
+    priority.start_idle(work, name="burst-inputs")  # the step keeps its cores
 
 
 def reset() -> None:

@@ -32,7 +32,7 @@ import torch
 
 from burst.errors import BurstError, SnapshotError
 from burst.snapshot import format as fmt
-from burst.snapshot import parts, retention
+from burst.snapshot import parts, priority, retention
 from burst.snapshot.commit import commit
 from burst.snapshot.reader import list_steps, remember_digests
 from burst.snapshot.tensors import Blob, layout_blobs, tensor_entry
@@ -185,6 +185,8 @@ class Tiers:
         # the adaptive interval (burst.training.adaptive) weighs it; ``writes`` counts them
         self.last_write_seconds: float | None = None
         self.writes = 0
+        # the CPU and I/O priority the persister obtained (burst.snapshot.priority), once up
+        self.priority: str | None = None
         self.sharding: Sharding | None = None
         self._swept_at: float | None = None  # when a prune last swept temporaries
 
@@ -242,7 +244,10 @@ class Tiers:
     def _work(self) -> None:
         """The persister: write what is pending, newest first. Idle, it stays up for
         ``LINGER_SECONDS`` before it leaves: a run persisting every step would otherwise
-        start a thread every step, and wait for it to start, in the training loop."""
+        start a thread every step, and wait for it to start, in the training loop.
+        It runs at idle CPU and I/O priority (and so do the pools it starts): the step
+        keeps its cores, the snapshot takes what the step leaves over."""
+        self.priority = priority.lower_this_thread()
         while True:
             with self._cond:
                 if self._pending is None:

@@ -1,10 +1,17 @@
 """How often to copy the state to RAM and to persist it, chosen from what both cost.
 
 The CheckFreq idea, done for a whole run: burst measures what a step takes, what a RAM
-shadow copy costs the training loop, and what a persist costs (the background write,
-which on a CPU-bound host competes with training), and picks the two intervals that keep
-burst's share of the run's time under a budget (1% by default) while losing as little as
-possible on a failure.
+shadow copy costs the training loop, and what a persist costs, and picks the two
+intervals that keep burst's share of the run's time under a budget (1% by default) while
+losing as little as possible on a failure.
+
+What a persist costs is what the *training* loses to it, not the background write's own
+time: the persister runs at idle priority (:mod:`burst.snapshot.priority`), so a write of
+seconds may cost the steps beside it nothing, or on a host it competes with more than its
+own time. Steps that ran while a persist was under way are compared with the steps that
+ran without one; their excess over the quiet step time, summed over one persist, is its
+cost (its *slowdown*). Until a persist has been measured that way (no quiet step time
+yet), its own time stands in.
 
 Two failures, two intervals. A SIGKILL (or a lost machine) loses everything since the
 last persisted snapshot: on average half the persist interval, plus the time the persist
@@ -47,9 +54,10 @@ class Intervals:
     expected_loss_seconds: float | None  # of training a SIGKILL loses, on average
     step_seconds: float | None
     shadow_cost: float | None
-    persist_cost: float | None
+    persist_cost: float | None  # what a persist costs training (its slowdown, once measured)
     budget: float
     chosen: bool  # the persist interval was chosen by burst (not the user's)
+    persist_seconds_taken: float | None = None  # the persister's own time per persist
 
     def as_dict(self) -> dict[str, float | int | None]:
         """Rounded, for a snapshot's meta and the ``snapshot-intervals`` event."""
@@ -78,17 +86,31 @@ class Adaptive:
         self.step_seconds: float | None = None
         self.trained = 0.0  # seconds of training measured so far
         self.shadow_cost: float | None = None
-        self.persist_cost: float | None = None
+        self.write_seconds: float | None = None  # the persister's own time per persist
+        self.slowdown: float | None = None  # the training time a persist cost the steps
+        self._overlap_lost = 0.0  # excess of the steps beside the persist under way
+        self._overlap_steps = 0
         self.last_persist = clock()  # clock time of the last persist (or of the start)
         self._chosen: Intervals | None = None  # until a measurement moves it
         self.persists = 0
 
     # -- measurements ---------------------------------------------------------------------
 
-    def step(self, seconds: float) -> None:
-        """One optimizer step took ``seconds`` of training (burst's own work excluded)."""
-        self.step_seconds = _average(self.step_seconds, seconds)
+    @property
+    def persist_cost(self) -> float | None:
+        """What a persist costs training: its measured slowdown, else its own time."""
+        return self.slowdown if self.slowdown is not None else self.write_seconds
+
+    def step(self, seconds: float, persisting: bool = False) -> None:
+        """One optimizer step took ``seconds`` of training (burst's own work excluded);
+        ``persisting``: a persist was under way during it (its excess over the quiet
+        step time is charged to that persist, and it does not move the step time)."""
         self.trained += max(seconds, 0.0)
+        if persisting and self.step_seconds is not None:
+            self._overlap_lost += seconds - self.step_seconds
+            self._overlap_steps += 1
+            return
+        self.step_seconds = _average(self.step_seconds, seconds)
         chosen = self._chosen  # re-chosen once the step time moved by a quarter: not on
         if chosen is not None and chosen.step_seconds and not (  # every noisy step
                 _KEEP_LOW < self.step_seconds / chosen.step_seconds < _KEEP_HIGH):
@@ -100,8 +122,13 @@ class Adaptive:
         self._chosen = None
 
     def persist(self, seconds: float) -> None:
-        """A persist took ``seconds`` of background work (hash, write, commit)."""
-        self.persist_cost = _average(self.persist_cost, seconds)
+        """A persist took ``seconds`` of background work (hash, write, commit); the steps
+        reported ``persisting`` since the last one are what it cost training (call this
+        after the step it finished in)."""
+        self.write_seconds = _average(self.write_seconds, seconds)
+        if self._overlap_steps:
+            self.slowdown = _average(self.slowdown, self._overlap_lost)
+        self._overlap_lost, self._overlap_steps = 0.0, 0
         self._chosen = None
 
     def persisted(self) -> None:
@@ -135,24 +162,27 @@ class Adaptive:
         shadow_seconds, chosen = self._chosen_seconds()
         shadow_every = self.fixed_shadow_every or _steps(shadow_seconds, self.step_seconds)
         persist = chosen if self.persist_chosen else self.fixed_persist_seconds
-        loss = None if persist is None else persist / 2 + (self.persist_cost or 0.0)
+        # a kill loses half an interval and the write under way (its own time)
+        loss = None if persist is None else persist / 2 + (self.write_seconds or 0.0)
         return Intervals(shadow_every=shadow_every, persist_seconds=persist,
                          expected_loss_seconds=loss, step_seconds=self.step_seconds,
                          shadow_cost=self.shadow_cost, persist_cost=self.persist_cost,
-                         budget=self.budget, chosen=self.persist_chosen)
+                         budget=self.budget, chosen=self.persist_chosen,
+                         persist_seconds_taken=self.write_seconds)
 
     def _chosen_seconds(self) -> tuple[float | None, float]:
         """(shadow interval, persist interval) in seconds from the costs measured so far."""
         if self.shadow_cost is None:
             return None, UNMEASURED_PERSIST_SECONDS
-        if self.persist_cost is None:  # the first persist is still being written
+        if self.persist_cost is None or self.write_seconds is None:  # still being written
             return 2 * self.shadow_cost / self.budget, UNMEASURED_PERSIST_SECONDS
-        # a persist also takes a shadow copy on the loop, then works in the background
+        # a persist also takes a shadow copy on the loop, then slows the steps beside it
         persist_cost = self.persist_cost + self.shadow_cost
         both = math.sqrt(persist_cost) + math.sqrt(self.shadow_cost)
         persist = math.sqrt(persist_cost) * both / self.budget
         shadow = math.sqrt(self.shadow_cost) * both / self.budget
-        return shadow, min(max(persist, MIN_PERSIST_SECONDS, self.persist_cost),
+        # never shorter than a write takes: persists would only queue up behind it
+        return shadow, min(max(persist, MIN_PERSIST_SECONDS, self.write_seconds),
                            MAX_PERSIST_SECONDS)
 
 

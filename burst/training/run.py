@@ -661,10 +661,12 @@ class Run:
     def _measure_step(self, now: float) -> None:
         """Feed the step's training time (burst's own work taken out) and any finished
         background write to the interval policy."""
-        if self._step_ended is not None:
-            self._adaptive.step(now - self._step_ended - self._burst_seconds)
+        wrote = self._tiers.writes != self._writes_seen
+        if self._step_ended is not None:  # beside a persist: what it cost training
+            self._adaptive.step(now - self._step_ended - self._burst_seconds,
+                                persisting=wrote or self._tiers.busy())
         self._step_ended, self._burst_seconds = now, 0.0
-        if self._tiers.writes != self._writes_seen and self._tiers.last_write_seconds is not None:
+        if wrote and self._tiers.last_write_seconds is not None:
             self._writes_seen = self._tiers.writes
             self._adaptive.persist(self._tiers.last_write_seconds)
 
@@ -677,7 +679,8 @@ class Run:
             return
         self._intervals_said = now
         if now.chosen and now.persist_cost is not None:  # the user's need no telling
-            self.record_event(INTERVALS_EVENT, step=self.step, **now.as_dict())
+            self.record_event(INTERVALS_EVENT, step=self.step, **now.as_dict(),
+                              persister_priority=self._tiers.priority)
 
     # -- snapshots ----------------------------------------------------------------------
 
