@@ -9,7 +9,6 @@ written elsewhere, no pickle run (a canary file would appear), no huge allocatio
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import json
 import os
@@ -171,7 +170,7 @@ def _plant_pickles(store: LocalStore, canary: Path) -> None:
     saved = buffer.getvalue()
     manifest = json.loads(_manifest_path(store).read_bytes())
     for data in (payload, saved):  # as blobs with the right hash, named by a tensor entry
-        digest = hashlib.sha256(data).hexdigest()
+        digest = fmt.digest(data, fmt.hash_of(manifest))
         store.put(fmt.blob_key(RUN, digest), data)
         manifest["blobs"][digest] = {"size": len(data)}
         manifest["tensors"][f"planted/{digest[:6]}"] = {
