@@ -29,6 +29,10 @@ DEAD_INDEX = "http://127.0.0.1:9/simple/"
 os.environ.setdefault("PIP_INDEX_URL", DEAD_INDEX)
 os.environ.setdefault("UV_INDEX_URL", DEAD_INDEX)
 os.environ.setdefault("PIP_RETRIES", "0")
+# The CLI prints whole tables off a terminal and fits them to $COLUMNS when it is set
+# (burst.cli.console); pytest-xdist's workers inherit COLUMNS=80, and so may a developer's
+# shell: the tests print as a CI log does, unless a test sets a width itself.
+os.environ.pop("COLUMNS", None)
 # The persister runs at idle CPU priority (burst.snapshot.priority), which on a machine the
 # suite itself loads past its cores would leave snapshots waiting for other tests to end:
 # the suite keeps it at normal priority, and tests/snapshot/test_persister_priority.py
