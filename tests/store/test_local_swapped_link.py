@@ -28,7 +28,10 @@ class Swapper:
         self.swapped = 0
 
     def round(self) -> None:
-        self.start.wait()
+        try:
+            self.start.wait()
+        except threading.BrokenBarrierError:
+            return  # the writer is done (or failed)
         try:
             os.rename(self.folder, self.aside)
         except FileNotFoundError:
@@ -53,11 +56,15 @@ def test_a_link_swapped_in_during_writes_never_lets_one_outside(tmp_path: Path) 
     store = LocalStore(tmp_path / "store")
     store.put("run/blobs/ab/ab00", b"first")
     swapper = Swapper(store.root / "run" / "blobs", outside)
-    refused = []
+    refused, failed = [], []
 
     def swap() -> None:
-        for _ in range(RACES):
-            swapper.round()
+        try:
+            for _ in range(RACES):
+                swapper.round()
+        except BaseException as exc:  # said by the test, not lost in a thread
+            failed.append(exc)
+            swapper.start.abort()
 
     thread = threading.Thread(target=swap)
     thread.start()
@@ -74,8 +81,9 @@ def test_a_link_swapped_in_during_writes_never_lets_one_outside(tmp_path: Path) 
             except (FileNotFoundError, StoreError):
                 pass  # the folder was away at that instant: a failed write, nothing leaked
     finally:
+        swapper.start.abort()  # a writer that failed must not leave the swapper waiting
         thread.join(60)
-    assert not thread.is_alive()
+    assert not thread.is_alive() and failed == []
     assert list(outside.iterdir()) == []  # no file, no folder, nothing renamed in
     assert swapper.swapped > 0
     assert all("\n" not in message and "leads outside" in message for message in refused)
