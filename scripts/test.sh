@@ -40,4 +40,26 @@ echo "free for temporaries: $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -n 1
 .venv/bin/ruff check burst tests scripts
 # burst runs on Python 3.10 too (a cloud node's Ubuntu 22.04): no newer stdlib in the package
 .venv/bin/vermin --quiet --no-tips --violations --eval-annotations --target=3.10- burst scripts
-exec .venv/bin/python -m pytest "$@"
+# arguments: run just those tests, as pytest would
+if [ "$#" -gt 0 ]; then
+  exec .venv/bin/python -m pytest "$@"
+fi
+# Two lanes. The fast lane (everything but the end-to-end tests) runs in parallel, a test
+# file per worker at a time (its module's servers and fixtures stay in one process); most
+# of its time is spent waiting on servers and subprocesses, so one worker more than cores.
+# The end-to-end lane follows, two files at a time: each trains in real processes.
+cores=$(nproc)
+fast_workers=${BURST_TEST_WORKERS:-$((cores + 1))}
+e2e_workers=${BURST_E2E_WORKERS:-$(( cores < 2 ? 1 : 2 ))}
+lane() {  # lane NAME WORKERS PYTEST-ARGS...: runs it, says how long it took
+  local name=$1 workers=$2 started=$SECONDS status=0
+  shift 2
+  echo "== $name lane: $workers workers ==" >&2
+  .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@" || status=$?
+  echo "== $name lane: exit $status after $((SECONDS - started)) s ==" >&2
+  return "$status"
+}
+status=0
+lane fast "$fast_workers" -m "not e2e" || status=$?
+lane e2e "$e2e_workers" -m e2e || status=$?
+exit "$status"
