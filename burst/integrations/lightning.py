@@ -31,7 +31,8 @@ from burst.training.run import Run
 try:
     from lightning.pytorch import Callback, LightningModule, Trainer
 except ImportError:  # the standalone package
-    from pytorch_lightning import Callback, LightningModule, Trainer  # type: ignore[no-redef]
+    # the same classes under the older package's name
+    from pytorch_lightning import Callback, LightningModule, Trainer  # type: ignore[assignment]
 
 
 class BurstCallback(Callback):
@@ -106,7 +107,7 @@ def _size_epochs(trainer: Trainer, loop: ForeignLoop, run: Run) -> None:
     """Lightning sized every epoch from the sampler's length when the fit started, which
     after a resume is what is left of the current epoch; later epochs are whole again."""
     loader = trainer.train_dataloader
-    if loop.sampler is None or trainer.limit_train_batches != 1.0 or \
+    if loop.sampler is None or trainer.limit_train_batches != 1.0 or loader is None or \
             getattr(loader, "batch_size", None) is None:
         return  # the user limits the epoch, or the loader is not a plain DataLoader
     samples = loop.sampler.epoch_length()
@@ -121,7 +122,9 @@ def _set_progress(trainer: Trainer, epoch: int, step: int) -> None:
     """Move Lightning's counters to the restored epoch and optimizer step, so max_epochs,
     max_steps, schedulers and loggers continue where the snapshot was taken."""
     fit = trainer.fit_loop
-    for counter in (fit.epoch_progress.current, fit.epoch_progress.total):
+    # declared ready-completed trackers, the fit loop's are processed ones (with started)
+    counters: tuple[Any, ...] = (fit.epoch_progress.current, fit.epoch_progress.total)
+    for counter in counters:
         counter.ready = counter.started = counter.processed = counter.completed = epoch
     epoch_loop = fit.epoch_loop
     for total in (epoch_loop.automatic_optimization.optim_progress.optimizer.step.total,

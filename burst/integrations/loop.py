@@ -36,15 +36,19 @@ class ForeignLoop:
         self.sampler = self.run.adopt_sampler(sampler)
         return self.sampler
 
+    def adopted(self) -> ResumableSampler:
+        """The sampler :meth:`use_sampler` adopted (an adapter's loop runs only after it)."""
+        if self.sampler is None:
+            raise ConfigError("call use_sampler() first")
+        return self.sampler
+
     def position(self, loader: object | None = None) -> None:
         """Point the sampler at the run's next unconsumed sample; give the loader its own
         seeded generator so creating its iterator never draws from the training RNG."""
-        run = self.run
-        if self.sampler is None:
-            raise ConfigError("call use_sampler() first")
-        self.sampler.set_epoch(run.epoch, start=run.samples_in_epoch)
+        run, sampler = self.run, self.adopted()
+        sampler.set_epoch(run.epoch, start=run.samples_in_epoch)
         loader = getattr(loader, "base_dataloader", loader)  # Accelerate's adapter wraps one
-        self.sampler.follow(loader)
+        sampler.follow(loader)
         if loader is not None and hasattr(loader, "generator"):
             loader.generator = torch.Generator().manual_seed(
                 derive_seed("loader", run.seed, run.epoch, bits=63))
@@ -53,9 +57,10 @@ class ForeignLoop:
     def held_position(self, loader: object) -> Iterator[None]:
         """While a framework iterates, its own ``sampler.set_epoch(n)`` (Accelerate counts
         epochs from zero in every process) must not move burst's position."""
-        sampler = self.sampler
+        sampler = self.adopted()
         self.position(loader)
         epoch, start = sampler.epoch, sampler.start
+        # pinned on the instance for the framework's iteration (deleted below)
         sampler.set_epoch = lambda *_args, **_kw: ResumableSampler.set_epoch(  # type: ignore[method-assign]
             sampler, epoch, start)
         try:

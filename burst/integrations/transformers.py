@@ -50,8 +50,10 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from typing import Any
+from collections.abc import Sized
+from typing import TYPE_CHECKING, Any, cast
 
+import torch
 from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.integrations import MLflowCallback, TensorBoardCallback, WandbCallback
 from transformers.integrations.integration_utils import default_logdir, rewrite_logs
@@ -67,6 +69,11 @@ STATE_KEY = "burst.trainer"  # the Trainer's own counters in a snapshot's extra 
 _LOOP_METHODS = ("_get_train_sampler", "_init_training_state", "_run_epoch",
                  "_maybe_log_save_evaluate")
 _TRACKED = (TensorBoardCallback, WandbCallback, MLflowCallback)
+
+if TYPE_CHECKING:  # the mixin is only ever put before a Trainer class: it sees the Trainer
+    _TrainerBase = Trainer
+else:
+    _TrainerBase = object
 
 
 def plan_arguments(args: TrainingArguments, run: Run) -> TrainingArguments:
@@ -101,7 +108,7 @@ class BurstCallback(TrainerCallback):
     boundaries and micro-batches (for ``BURST_FAULT`` drills and the OOM fallback), the
     Trainer's restored loss accumulator, the trackers, the final snapshot."""
 
-    def __init__(self, run: Run, trainer: Trainer) -> None:
+    def __init__(self, run: Run, trainer: BurstTrainerMixin) -> None:
         self.run = run
         self.trainer = trainer
         self.micro = 0
@@ -129,7 +136,7 @@ class BurstCallback(TrainerCallback):
                     **kwargs: Any) -> None:
         # the Trainer counts the epoch's fraction from the start of this process's part of
         # it; the run knows the position in the whole epoch
-        run, length = self.run, self.trainer.burst_loop.sampler.epoch_length()
+        run, length = self.run, self.trainer.burst_loop.adopted().epoch_length()
         state.epoch = run.epoch + (run.samples_in_epoch + self.step_samples()) / length
         self.step_done = True
 
@@ -145,7 +152,7 @@ class BurstCallback(TrainerCallback):
 
     def step_samples(self) -> int:
         """Samples of the step in progress: a global batch, or the epoch's short tail."""
-        length = self.trainer.burst_loop.sampler.epoch_length()
+        length = self.trainer.burst_loop.adopted().epoch_length()
         return min(self.run.global_batch, length - self.run.samples_in_epoch)
 
     def after_log_save_evaluate(self) -> None:
@@ -156,7 +163,7 @@ class BurstCallback(TrainerCallback):
             self.step_done = False
             samples = self.step_samples()
             ends_epoch = self.run.samples_in_epoch + samples >= \
-                self.trainer.burst_loop.sampler.epoch_length()
+                self.trainer.burst_loop.adopted().epoch_length()
             if ends_epoch and not self.trainer.control.should_training_stop:
                 self.deferred = True
                 return
@@ -170,7 +177,7 @@ class BurstCallback(TrainerCallback):
         self.run.end_step(samples)
 
 
-class BurstTrainerMixin:
+class BurstTrainerMixin(_TrainerBase):
     """Put before a ``Trainer`` class (``class T(BurstTrainerMixin, SFTTrainer)``, or
     :func:`burst_trainer`): the run's plan, sampler, restore and step boundaries."""
 
@@ -203,7 +210,8 @@ class BurstTrainerMixin:
     # -- the data order -------------------------------------------------------------------
 
     def _get_train_sampler(self, train_dataset: Any = None) -> ResumableSampler:
-        dataset = train_dataset if train_dataset is not None else self.train_dataset
+        # the Trainer asks for a sampler only once it holds a training set with a length
+        dataset = cast(Sized, train_dataset if train_dataset is not None else self.train_dataset)
         sampler = self._burst_sampler
         if sampler is None or sampler.num_samples != len(dataset):
             seed = self.args.data_seed if self.args.data_seed is not None else self.args.seed
@@ -239,21 +247,23 @@ class BurstTrainerMixin:
         self.create_scheduler(num_training_steps=max_steps, optimizer=self.optimizer)
         self._created_lr_scheduler = False  # so the preparation keeps the restored one
         scaler = getattr(self.accelerator, "scaler", None)
-        report = run.attach(self.model, self.optimizer, self.lr_scheduler, scaler,
+        model = cast(torch.nn.Module, self.model)  # the Trainer refuses to start without one
+        report = run.attach(model, self.optimizer, self.lr_scheduler, scaler,
                             sampler=self._burst_sampler)
         run.total_epochs, run.steps_per_epoch = num_train_epochs, num_update_steps_per_epoch
         if report is not None:
             self.burst_loop.roll_over_finished_epoch()
             self._burst_rng = rng.capture()  # put back right before the first batch
         self.state.global_step = run.step
-        length = self._burst_sampler.epoch_length()
+        length = self.burst_loop.adopted().epoch_length()
         self.state.epoch = run.epoch + run.samples_in_epoch / length
         _add_trackers(self, self._burst_trackers)
         return run.epoch, 0
 
     # -- the loop -------------------------------------------------------------------------
 
-    def _run_epoch(self, **kwargs: Any) -> None:
+    # the Trainer calls it with keywords only, which lets this take them as one dict
+    def _run_epoch(self, **kwargs: Any) -> None:  # type: ignore[override]
         """One epoch from the next unconsumed sample: the loader starts there, and the
         Trainer is told how many batches and optimizer steps are left of it."""
         run, loop = self.burst_run, self.burst_loop
@@ -261,7 +271,7 @@ class BurstTrainerMixin:
             raise ConfigError(f"the Trainer runs epoch {kwargs['epoch']}, the run is in "
                               f"epoch {run.epoch}")
         with loop.held_position(kwargs["train_dataloader"]):
-            remaining = loop.sampler.remaining()
+            remaining = loop.adopted().remaining()
             micro = self.args.per_device_train_batch_size
             batches = remaining // micro if self.args.dataloader_drop_last \
                 else math.ceil(remaining / micro)
@@ -272,7 +282,7 @@ class BurstTrainerMixin:
                 rng.restore(self._burst_rng)
                 self._burst_rng = None
             super()._run_epoch(**kwargs)
-        if run.samples_in_epoch >= loop.sampler.epoch_length():
+        if run.samples_in_epoch >= loop.adopted().epoch_length():
             loop.end_epoch()
         else:
             run.abandon_step()
@@ -320,7 +330,8 @@ def _restore_trainer(trainer: Trainer, saved: dict[str, Any]) -> None:
         # resume: the pending sum's part from before the resume is taken out again
         trainer._total_loss_scalar = -float(loss)
     trainer._globalstep_last_logged = int(saved.get("globalstep_last_logged") or state.global_step)
-    trainer.current_flos = float(saved.get("current_flos") or 0.0)
+    # its `= 0` declares an int, but the Trainer itself adds floats to it
+    trainer.current_flos = float(saved.get("current_flos") or 0.0)  # type: ignore[assignment]
 
 
 def _take_tracker_callbacks(trainer: Trainer) -> list[type]:
@@ -334,12 +345,12 @@ def _take_tracker_callbacks(trainer: Trainer) -> list[type]:
     return taken
 
 
-def _add_trackers(trainer: Trainer, kinds: list[type]) -> None:
+def _add_trackers(trainer: BurstTrainerMixin, kinds: list[type]) -> None:
     args, trackers = trainer.args, trainer.burst_run.trackers
     for kind in kinds:
         if issubclass(kind, TensorBoardCallback) and "tensorboard" not in trackers:
             log_dir = os.getenv("TENSORBOARD_LOGGING_DIR") or \
-                os.path.join(args.output_dir, default_logdir())
+                os.path.join(cast(str, args.output_dir), default_logdir())  # set by its __post_init__
             trackers.tensorboard(os.path.expanduser(log_dir))
         elif issubclass(kind, WandbCallback) and "wandb" not in trackers:
             trackers.wandb(project=os.getenv("WANDB_PROJECT", "huggingface"),
