@@ -259,6 +259,39 @@ def check(store: Store, run_id: str, manifest: bytes | Mapping[str, Any], *,
         raise FencedError(run_id, generation, top, own=False)
 
 
+def refusal(store: Store, run_id: str, manifest: bytes | Mapping[str, Any], own: Lineage, *,
+            taken: list[int] | None = None, policy: RetryPolicy = DEFAULT_RETRY) -> str | None:
+    """Why launch ``own`` must not restore ``manifest`` from its local tier; None when the
+    fence accepts it.
+
+    The rule is the catch-up upload's (:func:`check`): a snapshot of generation *g* is
+    the run's history for launch *h* when no other launch took a generation between
+    them (*g* < *k* < *h*), as after a restart on the same machine. A snapshot of a
+    launch that a burst replaced since is refused: its writer was fenced, and its newer
+    step must not win over the history the newer launch wrote. (A snapshot the store
+    holds was let in by the fence at its commit: the caller asks the store first.)
+    ``taken``: the run's generations, if the caller listed them already."""
+    parsed = manifest if isinstance(manifest, Mapping) else _parse(manifest)
+    generation = generation_of(parsed)
+    if generation is None or generation >= own.generation:
+        return None  # older than fencing, this launch's own, or a newer launch's
+    if not _this_stores(store, run_id, generation, parsed.get(TOKEN), policy):
+        return None  # another store's lineage: not judged here
+    taken = generations(store, run_id, policy) if taken is None else taken
+    between = [k for k in taken if generation < k < own.generation]
+    if not between:
+        return None
+    return (f"taken by generation {generation}, which generation {between[-1]} replaced "
+            "since: its writer was fenced and the store refused it")
+
+
+def stamp_of(manifest: bytes | Mapping[str, Any]) -> tuple[int | None, object]:
+    """The (generation, token) a manifest was stamped with: two copies of one snapshot
+    (the local tier's and the store's) carry the same."""
+    parsed = manifest if isinstance(manifest, Mapping) else _parse(manifest)
+    return generation_of(parsed), parsed.get(TOKEN)
+
+
 def _this_stores(store: Store, run_id: str, generation: int, token: object,
                  policy: RetryPolicy) -> bool:
     """Whether ``generation`` of the manifest is the generation of that number in ``store``

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from typing import Protocol, TypeVar, runtime_checkable
@@ -120,7 +120,8 @@ def check_manifest_size(store: Store, key: str) -> None:
                             f"(at most {fmt.MAX_MANIFEST_BYTES >> 20} MiB)")
 
 
-def newest_intact(store: Store, run_id: str, log: Callable[[str], None]) -> dict | None:
+def newest_intact(store: Store, run_id: str, log: Callable[[str], None], *,
+                  refused: Collection[int] = ()) -> dict | None:
     """The newest snapshot whose manifest parses and whose every blob verifies; None if
     the run has none at all.
 
@@ -128,8 +129,9 @@ def newest_intact(store: Store, run_id: str, log: Callable[[str], None]) -> dict
     a damaged newer snapshot is skipped for the next older one, and each skip is told to
     ``log`` (a warning and an event, where a run resumes), never silently. If no snapshot
     is intact, the newest one's failure is raised: starting over would lose the run.
+    ``refused``: steps the fence refuses (:mod:`burst.snapshot.restorable`), never chosen.
     """
-    return _newest(store, run_id, log, verify, "intact")
+    return _newest(store, run_id, log, verify, "intact", refused=refused)
 
 
 def is_sharded(manifest: dict) -> bool:
@@ -154,10 +156,11 @@ def newest_complete(store: Store, run_id: str, log: Callable[[str], None], *,
 
 def _newest(store: Store, run_id: str, log: Callable[[str], None],
             check: Callable[[Store, str, int], dict], usable: str, *,
-            below: int | None = None) -> dict | None:
+            below: int | None = None, refused: Collection[int] = ()) -> dict | None:
     """The newest step (before ``below``) ``check`` accepts, each newer one it refuses
     told to ``log``."""
-    steps = [s for s in list_steps(store, run_id) if below is None or s < below]
+    steps = [s for s in list_steps(store, run_id)
+             if (below is None or s < below) and s not in refused]
     failures: list[str] = []
     for index, step in enumerate(reversed(steps)):
         try:

@@ -86,10 +86,17 @@ class Guard:
 
     # -- installation -------------------------------------------------------------------
 
+    @property
+    def installed(self) -> bool:
+        """Whether :meth:`install` is in force (installing twice would make the guard its
+        own "previous" handler, which :meth:`uninstall` could then never remove)."""
+        return bool(self._previous_handlers) or sys.excepthook == self._excepthook
+
     def install(self) -> None:
         if threading.current_thread() is threading.main_thread():
             for signum in _SIGNALS:
                 self._previous_handlers[signum] = signal.signal(signum, self._on_signal)
+        self._previous_excepthook = sys.excepthook  # as it is now, not as the run was made
         sys.excepthook = self._excepthook
 
     def uninstall(self) -> None:

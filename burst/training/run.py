@@ -48,7 +48,7 @@ from burst.inputs import part as inputs_part
 from burst.parallel import fallback, partition
 from burst.parallel import state as dist_state
 from burst.parallel.group import Group, StepVote, unwrap
-from burst.snapshot import lineage, reader, sync
+from burst.snapshot import lineage, reader, restorable, sync
 from burst.snapshot import tiers as snapshot
 from burst.snapshot.tensors import load_tensors
 from burst.snapshot.upload import UploadQueue
@@ -60,6 +60,7 @@ from burst.store.base import SHARED_PREFIXES, check_key
 from burst.supervise import faults, preemption
 from burst.training import (
     adaptive,
+    attach_guard,
     batches,
     checkpointing,
     failure,
@@ -192,10 +193,6 @@ class Run:
             self.store, self.run_id)) if self.rank == 0 else None
         self.local, self._uploads = _local_tier(self.store, self.run_id, local,
                                                 uploads=self.rank == 0)
-        # the data it reads travels with it (burst.inputs): declared, and recorded from now
-        self.inputs = inputs_part.declare(
-            self.store, self.run_id, inputs, code_dir=freeze.default_code_dir(),
-            environment=_disk_roots(self.store, self.local)) if self.rank == 0 else None
         self.total_epochs: int | None = None
         self.steps_per_epoch: int | None = None
         # intervals left out are chosen from measured costs (burst.training.adaptive)
@@ -263,6 +260,11 @@ class Run:
         self._publishing = self._group.is_writer and self._live.enabled  # asked once
         self._metrics = MetricBuffer(lambda points: self.record_event(MetricBuffer.EVENT,
                                                                 points=points))
+        # the data it reads travels with it (burst.inputs): declared, and recorded from now
+        # on; last, so a refused setting above leaves no audit hook recording
+        self.inputs = inputs_part.declare(
+            self.store, self.run_id, inputs, code_dir=freeze.default_code_dir(),
+            environment=_disk_roots(self.store, self.local)) if self.rank == 0 else None
 
     # -- set-up -------------------------------------------------------------------------
 
@@ -286,7 +288,18 @@ class Run:
         snapshot holds what the dict holds at the step boundary, and a resume puts the
         saved values back into it (``burst.state.carry``). Keep it current:
         ``run.carry["hidden"] = hidden`` at the end of each step. One process only.
+
+        A refused attach (an exception out of here) undoes what it installed: signal
+        handlers, excepthook, threads, hooks (``burst.training.attach_guard``).
         """
+        with attach_guard.Rollback() as undo:
+            return self._attach(undo, model, optimizer, scheduler, scaler, sampler=sampler,
+                                carry=carry)
+
+    def _attach(self, undo: attach_guard.Rollback, model: torch.nn.Module,
+                optimizer: torch.optim.Optimizer | None, scheduler: Any, scaler: Any, *,
+                sampler: ResumableSampler | None,
+                carry: dict[str, Any] | None) -> state_mod.RestoreReport | None:
         loop = self.components.loop or LoopState()
         if carry is not None:
             if self.world_size > 1:
@@ -299,17 +312,19 @@ class Run:
         self._buffers_moved = True
         if self._buffer_hook is None:
             self._buffer_hook = register_module_buffer_registration_hook(self._buffer_assigned)
+            undo.push(self._unhook_buffers)
         if optimizer is not None:
-            optimizer.register_step_pre_hook(self._before_optimizer_step)
-            optimizer.register_step_post_hook(self._on_optimizer_step)
+            undo.push(optimizer.register_step_pre_hook(self._before_optimizer_step).remove)
+            undo.push(optimizer.register_step_post_hook(self._on_optimizer_step).remove)
         if self.memory_quota is not None:
             self.record_event("memory-quota", **self.memory_quota)
-        self._guard.install()
-        self._watcher = self._watcher or preemption.start(self, self.max_lost_seconds)
-        # environment + code, in a thread (fork-safe: burst.env.spawn); snapshots wait boundedly
-        freeze.prefetch(self.store, self.run_id, local=self.local)
-        if self.rank == 0 and self._stager is None:  # the rest, throttled behind snapshots
-            self._stager = stager.for_run(self.store, self.run_id, self.local, self._live.readiness)
+        if not self._guard.installed:
+            self._guard.install()
+            undo.push(self._guard.uninstall)
+        if self._watcher is None:
+            self._watcher = preemption.start(self, self.max_lost_seconds)
+            if self._watcher is not None:
+                undo.push(self._stop_watcher)
         manifest = dist_state.newest_manifest(  # rank 0 chooses; every rank reads that one
             self._group, self._newest_manifest,
             lambda step: reader.read_manifest(self.store, self.run_id, step))
@@ -317,6 +332,7 @@ class Run:
             if sampler is not None:
                 self.adopt_sampler(sampler)
             self.record_event("start", **self.layout(), **launch.fields())
+            self._start_background()
             self._outside.mark("attach()")
             return None
         self._check_snapshot(manifest, sampler)  # before any state changes or event
@@ -325,8 +341,26 @@ class Run:
                                 **self.layout(), **launch.fields()}
         if sampler is not None:
             self.adopt_sampler(sampler)  # records the resume
+        self._start_background()
         self._outside.mark("attach()")
         return self.restored
+
+    def _start_background(self) -> None:
+        """Once attached (nothing left to refuse): the threads that upload to the store."""
+        # environment + code, in a thread (fork-safe: burst.env.spawn); snapshots wait boundedly
+        freeze.prefetch(self.store, self.run_id, local=self.local)
+        if self.rank == 0 and self._stager is None:  # the rest, throttled behind snapshots
+            self._stager = stager.for_run(self.store, self.run_id, self.local, self._live.readiness)
+
+    def _unhook_buffers(self) -> None:
+        if self._buffer_hook is not None:
+            self._buffer_hook.remove()
+            self._buffer_hook = None
+
+    def _stop_watcher(self) -> None:
+        if self._watcher is not None:
+            attach_guard.stop_watcher(self._watcher)
+            self._watcher = None
 
     def _check_snapshot(self, manifest: dict, sampler: ResumableSampler | None) -> None:
         """Refuse a snapshot this run cannot continue from exactly, before restoring it."""
@@ -832,23 +866,39 @@ class Run:
 
         On several ranks the ranks restore straight from the store (each reads its own
         byte ranges), so the store's newest complete snapshot is chosen there, after any
-        whole snapshot a crash left in the local tier has gone up."""
+        whole snapshot a crash left in the local tier has gone up.
+
+        The fence decides which local snapshots count (``burst.snapshot.restorable``): a
+        fenced writer's refused snapshot is skipped, loudly, however new; and a launch a
+        newer one already replaced stops here (exit 90)."""
         if self._group.collective:
             if self._uploads is not None:
-                self._uploads.flush()
+                try:
+                    self._uploads.flush()
+                except lineage.FencedError as exc:  # a fenced writer's leftover: refused
+                    self._skipped_snapshot(str(exc))
             self._verified_step = None
             return reader.newest_complete(self.store, self.run_id, log=self._skipped_snapshot)
+        remote_steps = [] if self.local is self.store else reader.list_steps(self.store,
+                                                                             self.run_id)
+        refused = restorable.refused_steps(self.local, self.store, self.run_id, self.lineage,
+                                           remote_steps, self._skipped_snapshot)
+        if fencing.fenced(self.lineage):  # replaced before it attached: train nothing
+            fencing.stop(self, self.lineage)
         if self.local is not self.store:
-            local_steps = reader.list_steps(self.local, self.run_id)
-            remote_steps = reader.list_steps(self.store, self.run_id)
+            local_steps = [s for s in reader.list_steps(self.local, self.run_id)
+                           if s not in refused]
             if remote_steps and (not local_steps or remote_steps[-1] > local_steps[-1]):
                 try:
-                    sync.pull(self.store, self.local, self.run_id, log=self._skipped_snapshot)
+                    pulled = sync.pull(self.store, self.local, self.run_id,
+                                       log=self._skipped_snapshot)
+                    refused.discard(pulled.step)  # the store's copy took its place
                 except SnapshotError as exc:
                     if not local_steps:
                         raise
                     self._skipped_snapshot(f"{exc}; using the local tier's snapshots")
-        newest = reader.newest_intact(self.local, self.run_id, log=self._skipped_snapshot)
+        newest = reader.newest_intact(self.local, self.run_id, log=self._skipped_snapshot,
+                                      refused=refused)
         self._verified_step = None if newest is None else newest["step"]
         return newest
 
