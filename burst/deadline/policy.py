@@ -174,7 +174,7 @@ class Margin:
             return self.override_s
         return self.provision_s + self.install_s + self.upload_s + self.restore_s
 
-    def fields(self) -> dict[str, float]:
+    def fields(self) -> dict[str, Any]:
         parts = {"provision_s": self.provision_s, "install_s": self.install_s,
                  "upload_s": self.upload_s, "restore_s": self.restore_s}
         return {"margin_s": round(self.total_s, 1),

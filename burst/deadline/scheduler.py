@@ -193,7 +193,7 @@ class Scheduler:
     every: timedelta = DEFAULT_EVERY
     floor: timedelta = DEFAULT_FLOOR
     say: Say = field(default=lambda _msg: None)
-    flush: Callable[[], None] = field(default=lambda: None)  # the history to the store
+    flush: Callable[[], object] = field(default=lambda: None)  # the history to the store
     # after a launched burst: stop or detach the local run (policy.local_run); None: only
     # advise (the lineage fence still refuses the local run's snapshots)
     handoff: Handoff | None = None

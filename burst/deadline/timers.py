@@ -208,7 +208,8 @@ def uninstall_systemd(run_id: str) -> Installed:
 
 def _systemctl(calls: list[list[str]]) -> tuple[list[str], list[str]]:
     """Run ``systemctl --user`` calls; what could not run is returned for the user to run."""
-    done, manual = [], []
+    done: list[str] = []
+    manual: list[str] = []
     for args in calls:
         words = ["systemctl", "--user", *args]
         if manual or not shutil.which("systemctl") or _run(words).returncode != 0:

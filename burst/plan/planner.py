@@ -209,7 +209,7 @@ def check_split(global_batch: int, count: int, nodes: int = 1) -> None:
     )
 
 
-def _either(values: Sequence[int]) -> str:
+def _either(values: Sequence[object]) -> str:
     words = [str(v) for v in values]
     return words[0] if len(words) == 1 else f"{', '.join(words[:-1])} or {words[-1]}"
 

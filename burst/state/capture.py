@@ -9,6 +9,7 @@ that does not fit leaves the run exactly as it was.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,8 +79,9 @@ def _state_dict(obj: Any) -> Any:
     return obj.state_dict() if obj is not None else None
 
 
-def decode(manifest: dict, tensors: dict[str, torch.Tensor]) -> dict[str, Any]:
-    """Rebuild the state tree of a manifest with its (verified) tensors."""
+def decode(manifest: dict, tensors: Mapping[str, object]) -> dict[str, Any]:
+    """Rebuild the state tree of a manifest with its (verified) tensors (or what stands in
+    for them: references, for a skeleton of the state)."""
     try:
         referenced = tree.tensor_names(manifest["state"])
     except RecursionError:

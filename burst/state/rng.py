@@ -21,7 +21,7 @@ import ctypes
 import random
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -136,7 +136,9 @@ def _same(a: Any, b: Any) -> bool:
 
 def _numpy_bytes() -> tuple[Any, ...]:
     """NumPy's global state where its raw view cannot be read, comparable with ``==``."""
-    kind, keys, pos, has_gauss, gauss = np.random.get_state(legacy=True)
+    # the global generator is always MT19937, for which legacy=True gives the tuple
+    state = cast("tuple[str, np.ndarray, int, int, float]", np.random.get_state(legacy=True))
+    kind, keys, pos, has_gauss, gauss = state
     return kind, keys.tobytes(), int(pos), int(has_gauss), float(gauss)
 
 

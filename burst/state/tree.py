@@ -85,8 +85,9 @@ def _encode_mapping(value: Mapping, prefix: str, tensors: dict[str, torch.Tensor
     return {"$dict": pairs}
 
 
-def decode(tree: Any, tensor_for: Callable[[str], torch.Tensor]) -> Any:
-    """Rebuild the value ``encode`` produced; ``tensor_for(name)`` supplies each tensor."""
+def decode(tree: Any, tensor_for: Callable[[str], object]) -> Any:
+    """Rebuild the value ``encode`` produced; ``tensor_for(name)`` supplies each tensor
+    (or what stands in for it: a reference, for a skeleton of the tree)."""
     if isinstance(tree, list):
         return [decode(v, tensor_for) for v in tree]
     if not isinstance(tree, dict):
@@ -109,7 +110,7 @@ def decode(tree: Any, tensor_for: Callable[[str], torch.Tensor]) -> Any:
 def tensor_names(tree: Any) -> list[str]:
     """Every tensor name a tree refers to, in order."""
     names: list[str] = []
-    decode(tree, lambda name: names.append(name))  # type: ignore[func-returns-value]
+    decode(tree, lambda name: names.append(name))
     return names
 
 

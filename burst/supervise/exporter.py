@@ -33,6 +33,8 @@ from burst.supervise.agent import Agent
 from burst.supervise.gpuwatch import GpuWatch
 from burst.training.metrics import FIGURES_ENV, FIGURES_FILE
 
+Family = GaugeMetricFamily | CounterMetricFamily  # the kinds this exporter fills
+
 GPU_LABELS = ["gpu", "name"]
 # name: (help, field of GpuSample, scale); gauges, one per GPU
 GPU_GAUGES = {
@@ -107,8 +109,8 @@ class BurstCollector(Collector):
             return {}
         return figures if isinstance(figures, dict) else {}
 
-    def _families(self) -> dict[str, Metric]:
-        families: dict[str, Metric] = {
+    def _families(self) -> dict[str, Family]:
+        families: dict[str, Family] = {
             name: GaugeMetricFamily(name, text, labels=GPU_LABELS)
             for name, (text, _, _) in GPU_GAUGES.items()}
         families[GPU_ECC] = CounterMetricFamily(GPU_ECC, "Uncorrected ECC errors (aggregate)",
@@ -130,7 +132,7 @@ class BurstCollector(Collector):
                                                "higher-priority run", labels=["run_id"])
         return families
 
-    def _add_gpus(self, families: dict[str, Metric]) -> None:
+    def _add_gpus(self, families: dict[str, Family]) -> None:
         if self.watch is None or not self.watch.available:
             return  # no NVML: no GPU series, never zeros that look like a reading
         for sample in self.watch.latest:
@@ -141,7 +143,7 @@ class BurstCollector(Collector):
         for gpu, count in self.watch.xid_counts.items():
             families[GPU_XID].add_metric(["unknown" if gpu is None else str(gpu)], count)
 
-    def _add_run(self, families: dict[str, Metric], figures: dict[str, Any]) -> None:
+    def _add_run(self, families: dict[str, Family], figures: dict[str, Any]) -> None:
         labels = [self.run_id]
         for name, (_, key) in RUN_GAUGES.items():
             _add(families[name], labels, figures.get(key))
@@ -150,7 +152,7 @@ class BurstCollector(Collector):
             if isinstance(figures.get(key), (int, float)):
                 families[name].add_metric(labels, max(0.0, now - figures[key]))
 
-    def _add_attempts(self, families: dict[str, Metric]) -> None:
+    def _add_attempts(self, families: dict[str, Family]) -> None:
         if self.agent is None:
             return
         attempts = list(self.agent.attempts)
@@ -168,7 +170,7 @@ class BurstCollector(Collector):
             families["burst_quota_bytes"].add_metric([self.run_id], self.agent.share.quota)
 
 
-def _add(family: Metric, labels: list[str], value: Any, scale: float = 1) -> None:
+def _add(family: Family, labels: list[str], value: Any, scale: float = 1) -> None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         family.add_metric(labels, value * scale)
 

@@ -13,6 +13,7 @@ so it is tested with synthetic traces; :class:`GpuWatch` only reads NVML and fee
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -115,7 +116,7 @@ class Nvml:
             except self.nvml.NVMLError:
                 break
             found.append({"xid": int(event.eventData), "event_type": int(event.eventType),
-                          "gpu": _optional(lambda e=event: self.nvml.nvmlDeviceGetIndex(e.device))})
+                          "gpu": _optional(functools.partial(self.nvml.nvmlDeviceGetIndex, event.device))})
         return found
 
     def close(self) -> None:
