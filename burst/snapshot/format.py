@@ -44,6 +44,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import os
 import re
 import time
 from collections.abc import Iterable, Mapping
@@ -163,15 +164,31 @@ def sha256(data: memoryview | bytes) -> str:
 def digest(data: memoryview | bytes | bytearray, algo: str) -> str:
     """The hex digest naming ``data`` under ``algo`` (one of ``HASHES``): what writers
     name blobs by (with ``WRITE_HASH``) and readers check them by (with :func:`hash_of`).
-    A big BLAKE3 input is tree-hashed on every core (the GIL is let go)."""
+    A big BLAKE3 input is tree-hashed on every core (the GIL is let go), unless the
+    calling thread runs at idle priority (the persister, :mod:`burst.snapshot.priority`):
+    BLAKE3's worker threads are shared and keep the priority of whoever started them, so
+    background hashing stays on its own thread rather than taking the training step's
+    cores, and never starts those workers at idle priority for a restore to wait on."""
     if algo == BLAKE3:
         view = memoryview(data)
-        threads = blake3.blake3.AUTO if view.nbytes >= THREADED_HASH_BYTES else 1
+        threads = (blake3.blake3.AUTO if view.nbytes >= THREADED_HASH_BYTES
+                   and not _idle_thread() else 1)
         return blake3.blake3(view, max_threads=threads).hexdigest()
     if algo == SHA256:
         return hashlib.sha256(data).hexdigest()
     raise SnapshotError(f"unknown snapshot hash {algo!r} (this burst knows "
                         f"{', '.join(HASHES)})")
+
+
+def _idle_thread() -> bool:
+    """Whether the calling thread is scheduled ``SCHED_IDLE`` (Linux: per thread)."""
+    idle, get = getattr(os, "SCHED_IDLE", None), getattr(os, "sched_getscheduler", None)
+    if idle is None or get is None:
+        return False
+    try:
+        return get(0) == idle
+    except OSError:
+        return False
 
 
 def new_hasher(algo: str) -> Any:

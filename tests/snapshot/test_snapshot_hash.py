@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import threading
 from pathlib import Path
 
 import blake3
@@ -146,3 +148,36 @@ def test_format_3_holds_whole_entries_only_as_format_1_did():
     entry = {"dtype": "float32", "shape": [1], "shards": []}
     with pytest.raises(SnapshotError, match="format 3 does not allow"):
         fmt.parse_manifest(manifest_bytes(tensors={"t": entry}))
+
+
+def test_a_blake3_digest_is_the_same_on_one_thread_or_many():
+    data = bytes(range(256)) * ((fmt.THREADED_HASH_BYTES + 12345) // 256)
+    assert fmt.digest(data, fmt.BLAKE3) == blake3.blake3(data, max_threads=1).hexdigest()
+
+
+@pytest.mark.skipif(not hasattr(os, "SCHED_IDLE"), reason="SCHED_IDLE is Linux's")
+def test_an_idle_priority_thread_hashes_on_its_own_thread(monkeypatch):
+    asked, real = [], blake3.blake3
+
+    class Recording:
+        AUTO = real.AUTO
+
+        def __init__(self, data, max_threads):
+            asked.append(max_threads)
+            self.inner = real(data, max_threads=1)
+
+        def hexdigest(self):
+            return self.inner.hexdigest()
+
+    monkeypatch.setattr(fmt.blake3, "blake3", Recording)
+    data = bytes(fmt.THREADED_HASH_BYTES)
+
+    def idle() -> None:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+        fmt.digest(data, fmt.BLAKE3)
+
+    thread = threading.Thread(target=idle)
+    thread.start()
+    thread.join(timeout=60)
+    fmt.digest(data, fmt.BLAKE3)
+    assert asked == [1, real.AUTO]
