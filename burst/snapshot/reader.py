@@ -16,6 +16,7 @@ from contextlib import AbstractContextManager
 from typing import Protocol, TypeVar, runtime_checkable
 
 from burst.errors import LinkOutOfStoreError, SnapshotError
+from burst.snapshot import damaged
 from burst.snapshot import format as fmt
 from burst.snapshot import index as index_files
 from burst.store.base import Store
@@ -219,7 +220,7 @@ def read_blob(store: Store, run_id: str, digest: str, size: int,
     if store.read_into(key, view) != size:
         raise SnapshotError(f"blob {digest[:12]} changed size while being read")
     if check_hash:
-        check_digest(digest, view, algo)
+        checked(store, run_id, digest, view, algo)
     return buffer
 
 
@@ -234,6 +235,20 @@ def check_digest(digest: str, data: bytes | memoryview, algo: str) -> None:
     """Refuse ``data`` unless its hash by ``algo`` is ``digest`` (the blob's name)."""
     if fmt.digest(data, algo) != digest:
         raise SnapshotError(f"blob {digest[:12]} is corrupt: its bytes do not match its hash")
+
+
+def checked(store: Store, run_id: str, digest: str, data: bytes | memoryview,
+            algo: str) -> None:
+    """:func:`check_digest` on bytes read from ``store``; a blob damaged there is deleted
+    (:mod:`burst.snapshot.damaged`: the next persist writes it again) before the refusal."""
+    try:
+        check_digest(digest, data, algo)
+    except SnapshotError:
+        if damaged.condemn(store, run_id, digest, algo):
+            raise SnapshotError(f"blob {digest[:12]} is corrupt: its bytes do not match its "
+                                f"hash (deleted from {store.url}: the next snapshot writes "
+                                "it again)") from None
+        raise
 
 
 @runtime_checkable
@@ -273,7 +288,7 @@ def check_blob(store: Store, run_id: str, digest: str, size: int,
     try:
         with store.view(fmt.blob_key(run_id, digest)) as view:
             _check_size(run_id, digest, len(view), size)
-            check_digest(digest, view, algo)
+            checked(store, run_id, digest, view, algo)
             _check_chunks(digest, view, chunks, algo)
     except KeyError:
         raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is missing from the "

@@ -33,8 +33,8 @@ import numpy as np
 import torch
 
 from burst.errors import SnapshotError
+from burst.snapshot import damaged, reader
 from burst.snapshot import format as fmt
-from burst.snapshot import reader
 from burst.store.base import Store
 
 WORKERS = 4  # shards of one region read at once (ranged reads wait on the network)
@@ -252,6 +252,7 @@ def read_verified(store: Store, run_id: str, digest: str, info: dict, start: int
     for index in range(first, last + 1) if check_hash else ():
         piece = data[index * chunk - begin : min((index + 1) * chunk, size) - begin]
         if fmt.digest(piece, algo) != info["chunks"][index]:
+            damaged.condemn(store, run_id, digest, algo)  # the next snapshot writes it again
             raise SnapshotError(f"blob {digest[:12]} of run {run_id!r} is corrupt: chunk "
                                 f"{index} does not match its hash")
     return data[start - begin : start - begin + length]

@@ -38,7 +38,7 @@ def tensor_bytes(tensor: torch.Tensor) -> memoryview:
     flat = tensor.detach().reshape(-1)
     if flat.numel() == 0:
         return memoryview(b"")
-    return memoryview(flat.view(torch.uint8).numpy()).cast("B")
+    return flat.view(torch.uint8).numpy().data.cast("B")  # the array's buffer
 
 
 @dataclass
@@ -134,7 +134,7 @@ def read_blob(store: Store, run_id: str, digest: str, size: int, *, algo: str,
                                 check_hash=check_hash)
         return torch.from_numpy(data)
     if check_hash:
-        reader.check_digest(digest, memoryview(tensor.numpy()), algo)
+        reader.checked(store, run_id, digest, tensor.numpy().data, algo)
     return tensor
 
 
