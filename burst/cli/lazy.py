@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Mapping
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import click
-from click.utils import make_default_short_help
 
 # Wide enough that a command's short help is never cut: the table holds it whole, and the
 # help page cuts it to the terminal exactly as click would have.
@@ -34,10 +33,10 @@ class LazyGroup(click.Group):
     ``prepare`` runs once on each command when it is loaded (e.g. to add an epilog).
     """
 
-    def __init__(self, *args: object, lazy: Mapping[str, Entry] | None = None,
+    def __init__(self, *args: Any, lazy: Mapping[str, Entry] | None = None,
                  prepare: Callable[[click.Command], None] | None = None,
-                 **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+                 **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.lazy: dict[str, Entry] = dict(lazy or {})
         self.prepare = prepare
 
@@ -67,10 +66,15 @@ class LazyGroup(click.Group):
             return
         limit = formatter.width - 6 - max(len(name) for name, _ in rows)
         with formatter.section("Commands"):
-            formatter.write_dl([(name, make_default_short_help(text, limit))
-                                for name, text in rows])
+            formatter.write_dl([(name, _shortened(name, text, limit)) for name, text in rows])
 
     def _short_help(self, name: str) -> str:
         if name in self.lazy:
             return self.lazy[name].short_help
         return self.commands[name].get_short_help_str(FULL_WIDTH)
+
+
+def _shortened(name: str, text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` as click cuts a command's help (click 8.5 deprecated its
+    ``make_default_short_help``, and click 9 drops it: a command does it instead)."""
+    return click.Command(name, help=text).get_short_help_str(limit)

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 import click
 
@@ -79,7 +80,7 @@ def build_agent(options: dict, fault: str | None = None, json_output: bool = Fal
                     backoff=options["backoff"])
     run_id = options["run_id"]
 
-    def record(name: str, /, **fields: object) -> None:
+    def record(name: str, /, **fields: Any) -> None:
         events.record(history, run_id, name, source="agent", **fields)
 
     watch = GpuWatch(record, interval=options["gpu_interval"],

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import click
 
@@ -44,7 +45,8 @@ def push(run_id: str, store_url: str, local_url: str, step: int | None, every: b
 
 
 def _push_wheels(remote: Store, run_id: str, policy: str | None, machine: str | None,
-                 torch_variant: str | None, quiet: bool) -> wheelhouse.Uploaded | bool | None:
+                 torch_variant: str | None, quiet: bool,
+                 ) -> wheelhouse.Uploaded | Literal[False] | None:
     """The wheelhouse of the pushed run's lockfile; False when there is none to build."""
     try:
         lock, _ = freeze.load_frozen(remote, run_id)

@@ -10,6 +10,7 @@ Ctrl-C ends the watch, and that is not an error: exit 0. The values come from
 from __future__ import annotations
 
 import json
+import sys
 import time
 from collections.abc import Callable
 from typing import Any
@@ -58,7 +59,7 @@ def _plain(view: dict[str, Any], as_json: bool) -> None:
         click.echo(json.dumps(view, default=str, sort_keys=True))
     else:
         click.echo("\n".join(shown(line) for line in lines(view)))
-    click.get_text_stream("stdout").flush()
+    sys.stdout.flush()  # click.echo wrote there (click 9 drops get_text_stream)
 
 
 def fields(view: dict[str, Any]) -> list[tuple[str, str]]:

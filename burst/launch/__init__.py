@@ -24,7 +24,7 @@ class Reporter:
 
     say: Callable[[str], None] = print
     event: Callable[..., None] = lambda _name, **_fields: None
-    output: Callable[[str], None] = lambda text: print(text, end="", flush=True)
+    output: Callable[[str], object] = lambda text: print(text, end="", flush=True)
 
 
 @dataclass

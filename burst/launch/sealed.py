@@ -48,6 +48,7 @@ from collections.abc import Iterable, Mapping
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 from burst.errors import BurstError, ConfigError
@@ -398,7 +399,7 @@ def _pump(source: socket.socket, sink: socket.socket) -> None:
 
 
 def popen(node: Node, script: str, env: Mapping[str, str], network: Loopback | None = None,
-          **kwargs: object) -> subprocess.Popen:
+          **kwargs: Any) -> subprocess.Popen:
     """Start ``script`` in the sealed ``node`` with the node's ``env`` (see
     :func:`environment`); ``kwargs`` go to :class:`subprocess.Popen`."""
     node.prepare()

@@ -206,7 +206,7 @@ def _start(python: str, stderr: int | None = subprocess.DEVNULL) -> subprocess.P
 
 def call(sky: SkyPilot, request: Mapping[str, Any], *,
          event: Callable[..., None] | None = None, say: Callable[[str], None] | None = None,
-         output: Callable[[str], None] | None = None) -> dict[str, Any]:
+         output: Callable[[str], object] | None = None) -> dict[str, Any]:
     """Run one long request (a launch) in a fresh SkyPilot interpreter; relay its events,
     its lines and SkyPilot's own output (the job's logs) as they come; return its last
     line (``{"result": ...}`` or ``{"error": ...}``)."""
@@ -231,7 +231,7 @@ def call(sky: SkyPilot, request: Mapping[str, Any], *,
 
 
 def _relay(lines: Any, event: Callable[..., None] | None, say: Callable[[str], None] | None,
-           output: Callable[[str], None] | None) -> dict[str, Any] | None:
+           output: Callable[[str], object] | None) -> dict[str, Any] | None:
     for line in lines:
         try:
             message = json.loads(line)

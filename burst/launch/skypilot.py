@@ -87,7 +87,7 @@ class SkyPilotLauncher:
                report: Reporter) -> LaunchResult:
         sky = skyenv.require()
         if self.mode == "jobs":
-            request = {"op": "job", "name": task.name}
+            request: dict[str, Any] = {"op": "job", "name": task.name}
         else:
             request = {"op": "cluster", "cluster": self._cluster(task),
                        "idle_minutes": self.idle_minutes, "keep": self.keep,
