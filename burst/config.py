@@ -10,14 +10,16 @@ does not parse is a one-line error naming the file, never a silently ignored set
 from __future__ import annotations
 
 import os
+import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from burst.errors import ConfigError
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import tomllib  # novermin
-except ModuleNotFoundError:  # Python 3.10 (a node's Ubuntu 22.04)
+else:  # Python 3.10 (a node's Ubuntu 22.04)
     import tomli as tomllib
 
 CONFIG_ENV = "BURST_CONFIG"
@@ -50,7 +52,7 @@ def load(path: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         raise ConfigError(f"config file {target} is not valid TOML: {exc}") from None
 
 
-def section(config: dict[str, Any], name: str) -> dict[str, Any]:
+def section(config: Mapping[str, Any], name: str) -> dict[str, Any]:
     """A top-level table of the configuration (empty if absent); anything else is an error."""
     value = config.get(name, {})
     if not isinstance(value, dict):

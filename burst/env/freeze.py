@@ -79,8 +79,8 @@ def freeze(store: Store, run_id: str, *, code_dir: Path | str | None = None,
         result.code_ref, result.code_new = codearchive.upload(store, run_id, captured)
     if wheels is not None:
         result.wheelhouse = wheelhouse.ensure(store, run_id, lock, wheels, say=say)
-    declared = inputs_part.InputsPart(run_id, record=False, code_dir=root,
-                                      **({"say": say} if say else {}))
+    options: dict[str, Any] = {"say": say} if say else {}  # else the part's own default
+    declared = inputs_part.InputsPart(run_id, record=False, code_dir=root, **options)
     declared.stage(store)  # [inputs] paths and $BURST_INPUTS: a training run records more
     events.record(store, run_id, "freeze", lockfile_hash=digest,
                   code_archive=(result.code_ref or {}).get("archive"),

@@ -174,7 +174,8 @@ def _drop_present(plan: Plan) -> None:
 def _split_pinned(requirements: list[str], versions: dict[str, str]
                   ) -> tuple[list[str], list[str]]:
     """(``name==version`` requirements whose exact version ``versions`` has, the rest)."""
-    matched, rest = [], []
+    matched: list[str] = []
+    rest: list[str] = []
     for requirement in requirements:
         name, _, version = requirement.partition("==")
         has = bool(version) and versions.get(lockfiles.normalize(name)) == version

@@ -30,7 +30,7 @@ import platform
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -81,7 +81,7 @@ def lock_minor(lock: Lockfile) -> str:
 
 
 def route(lock: Lockfile, images: Sequence[str | None] = (None,),
-          environ: dict[str, str] | None = None) -> Route:
+          environ: Mapping[str, str] | None = None) -> Route:
     """The way the node gets the lock's Python (``images``: each candidate's image_id,
     None for SkyPilot's default)."""
     environ = dict(os.environ if environ is None else environ)
@@ -101,12 +101,12 @@ def route(lock: Lockfile, images: Sequence[str | None] = (None,),
                  f"to ship it instead: uv python install {minor} here")
 
 
-def mirror_url(environ: dict[str, str] | None = None) -> str | None:
+def mirror_url(environ: Mapping[str, str] | None = None) -> str | None:
     environ = os.environ if environ is None else environ
     return (environ.get(MIRROR_ENV) or environ.get(UV_MIRROR_ENV) or "").strip() or None
 
 
-def forwarded(environ: dict[str, str] | None = None) -> dict[str, str]:
+def forwarded(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The task envs for the node's uv: the Python download mirror, when set here."""
     mirror = mirror_url(environ)
     return {MIRROR_ENV: mirror} if mirror else {}
@@ -115,7 +115,7 @@ def forwarded(environ: dict[str, str] | None = None) -> dict[str, str]:
 # -- finding one here -----------------------------------------------------------------------
 
 
-def find_standalone(minor: str, environ: dict[str, str] | None = None) -> Standalone | None:
+def find_standalone(minor: str, environ: Mapping[str, str] | None = None) -> Standalone | None:
     """A relocatable CPython ``minor`` here: ``$BURST_NODE_INTERPRETER``, else uv's."""
     environ = os.environ if environ is None else environ
     explicit = environ.get(EXPLICIT_ENV)

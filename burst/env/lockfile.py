@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, fields, replace
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from urllib.parse import unquote, urlsplit
 
 from packaging.markers import InvalidMarker, Marker, default_environment
@@ -172,7 +172,8 @@ def collect_packages(paths: list[str] | None = None,
     one (``.dist-info``) beats a source tree's ``.egg-info`` that the current directory
     put on ``sys.path``; otherwise the first one wins, as for ``import``."""
     dists: dict[str, Installed] = {}
-    for dist in metadata.distributions(**({"path": paths} if paths is not None else {})):
+    found_here = metadata.distributions() if paths is None else metadata.distributions(path=paths)
+    for dist in found_here:
         found = Installed.read(dist)
         if found is None:
             continue
@@ -287,12 +288,12 @@ def required_markers(dists: dict[str, Installed]) -> dict[str, str]:
             if needed in dists and needed != name:
                 marker = _without_extras(str(requirement.marker)) if requirement.marker else None
                 edges.setdefault(needed, []).append((name, marker))
-    here = default_environment()
+    here = cast("dict[str, str]", dict(default_environment()))  # a TypedDict of strings
     out: dict[str, str] = {}
     memo: dict[str, str | None] = {}
     for name in sorted(dists):
         marker = _marker_of(name, edges, dists, memo, frozenset())
-        if marker is not None and _holds(marker, dict(here)) and not _everywhere(marker):
+        if marker is not None and _holds(marker, here) and not _everywhere(marker):
             out[name] = marker
     return out
 

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from burst.env.redact import strip_url
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import tomllib  # novermin
-except ModuleNotFoundError:  # Python 3.10 (a node's Ubuntu 22.04)
+else:  # Python 3.10 (a node's Ubuntu 22.04)
     import tomli as tomllib
 
 PYPI = "https://pypi.org/simple"

@@ -52,8 +52,9 @@ class Part(Protocol):
     def pending(self, store: Store) -> Pending:
         """What ``store`` still lacks of this part (no upload, no large reads)."""
 
-    def stage(self, store: Store, throttle: Throttle, stop: threading.Event) -> None:
-        """Upload what is missing, resumably, returning early once ``stop`` is set."""
+    def stage(self, store: Store, throttle: Throttle, stop: threading.Event) -> object:
+        """Upload what is missing, resumably, returning early once ``stop`` is set (what
+        it returns, such as the inputs' manifest, is the part's own business)."""
 
 
 def total(pendings: Iterable[Pending]) -> Pending:

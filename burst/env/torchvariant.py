@@ -169,7 +169,8 @@ def _confirmed(torch_version: str, ranked: list[Choice], probe: Probe | None) ->
         f"{'.'.join(map(str, max(RELEASES)))}'s builds)")
     if probe is None:
         return replace(ranked[0], reason=ranked[0].reason + guess)
-    missing, unknown = [], []
+    missing: list[str] = []
+    unknown: list[str] = []
     for choice in ranked:
         found = probe(torch_version, choice.variant)
         if found:
@@ -236,7 +237,7 @@ def _choose_rocm(torch_version: str, recorded: str) -> Choice:
     if recorded.startswith("rocm"):
         return Choice(recorded, "the recorded ROCm build is kept")
     minor = parse_version(torch_version)[:2]
-    variant = ROCM.get(minor) or ROCM[max(ROCM)]
+    variant = ROCM[minor] if minor in ROCM else ROCM[max(ROCM)]
     return Choice(variant, f"an AMD GPU needs a ROCm build: {variant}")
 
 

@@ -282,7 +282,7 @@ def _tools() -> list[Pin]:
     out = []
     for name in ("pip", "uv"):
         try:
-            version = metadata.version(name)
+            version: str | None = metadata.version(name)
         except metadata.PackageNotFoundError:
             version = _uv_version() if name == "uv" else None
         if version:
@@ -767,7 +767,8 @@ def _repack_installed(pins: list[Pin], target: Target, root: Path, paths: list[s
 def _installed_dists(paths: list[str] | None) -> dict[str, metadata.Distribution]:
     """The installed (``.dist-info``) distributions, the first of each name as for import."""
     out: dict[str, metadata.Distribution] = {}
-    for dist in metadata.distributions(**({"path": paths} if paths is not None else {})):
+    found = metadata.distributions() if paths is None else metadata.distributions(path=paths)
+    for dist in found:
         name = dist.metadata["Name"] if dist.metadata else None
         if name and lockfile.normalize(name) not in out and dist.read_text("WHEEL"):
             out[lockfile.normalize(name)] = dist

@@ -33,6 +33,7 @@ from burst.env import spawn
 from burst.env.staging import Pending, Throttle
 from burst.errors import ConfigError
 from burst.inputs import chunks, names, recorder, selection
+from burst.inputs.selection import Selection  # in the class body `selection` is a method
 from burst.snapshot import priority
 from burst.store.base import Store
 
@@ -159,7 +160,7 @@ class InputsPart:
             self._stored = {e.path: e for e in entries}
             return manifest
 
-    def _manifest(self, chosen: selection.Selection, entries: list[chunks.FileEntry]
+    def _manifest(self, chosen: Selection, entries: list[chunks.FileEntry]
                   ) -> chunks.Manifest:
         return chunks.Manifest([r.to_json() for r in chosen.roots], entries, chosen.skipped,
                                chosen.refused, chosen.mirrors, str(Path.home()))

@@ -178,7 +178,7 @@ def mapped_files(maps: str = "/proc/self/maps") -> set[str]:
 
 def open_files(fds: str = "/proc/self/fd") -> set[str]:
     """Regular files this process holds open for reading now."""
-    found = set()
+    found: set[str] = set()
     try:
         entries = os.listdir(fds)
     except OSError:
