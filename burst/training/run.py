@@ -800,8 +800,9 @@ class Run:
 
     def _capture(self, reason: str, persist: bool) -> snapshot.Captured | None:
         entered = self._adaptive.clock()
-        meta = self._meta(reason, frozen=persist)  # not in the copy's cost: it may wait for
-        # the freeze (once, and only to persist: a shadow's is named if it is ever persisted)
+        # the environment freeze is named by the persister (Tiers.complete_meta), which
+        # waits for it there: the training thread never waits for a freeze
+        meta = self._meta(reason, frozen=False)
         started = self._adaptive.clock()
         self._check_buffers()
         state_tree, live, boxes = dist_state.capture(self.components, self._extra(), self._group)
