@@ -25,7 +25,7 @@ whole and checked against its name.
 The hash (``HASHES``): snapshots written before format 3 name and check every blob and
 chunk by SHA-256; formats 3 and 4 (``FORMAT_VERSION``, ``SHARDED_FORMAT_VERSION``: the
 layouts of 1 and 2) record it in the manifest's ``"hash"`` field, BLAKE3 for what burst
-writes now (``WRITE_HASH``): 3.5x SHA-256's speed on one core and tree-hashed across all of
+writes now (``WRITE_HASH``): 3.8x SHA-256's speed on one core and tree-hashed across all of
 them (scripts/bench_hash.py), so verifying a restore costs little more than reading it.
 The version moved with the hash so an older burst refuses such a snapshot by its format
 ("upgrade burst") instead of taking every blob for corrupt and falling back to an older
