@@ -375,7 +375,7 @@ class S3Source:
     """Signed GETs against S3 or an S3-compatible endpoint (OSS, MinIO, SeaweedFS, R2...)."""
 
     def __init__(self, bucket: str, prefix: str, endpoint: str, region: str,
-                 style: str, credentials: tuple, ca_bundle: str | None = None) -> None:
+                 style: str, credentials: tuple | None, ca_bundle: str | None = None) -> None:
         self.bucket, self.prefix, self.region = bucket, prefix.strip("/"), region
         self.endpoint = endpoint.rstrip("/")
         self.style = style
@@ -696,6 +696,7 @@ class SFTPSource:
                 done = subprocess.run([self.sftp, "-q", "-b", "-", *self.options, target],
                                       input=batch, capture_output=True, text=True, check=False)
             else:
+                assert self.scp is not None  # the constructor found sftp or scp
                 done = subprocess.run([self.scp, "-q", *self.options, f"{target}:{remote}",
                                        local], capture_output=True, text=True, check=False)
             if done.returncode != 0:
@@ -707,6 +708,7 @@ class SFTPSource:
                 shutil.copyfileobj(f, out, CHUNK)
 
     def _sftp(self, key: str, target: str, batch: str) -> None:
+        assert self.sftp is not None  # called only where the constructor found sftp
         done = subprocess.run([self.sftp, "-q", "-b", "-", *self.options, target],
                               input=batch, capture_output=True, text=True, check=False)
         if done.returncode != 0:
@@ -929,7 +931,7 @@ def fetch_resuming(source, key: str, out: _PartFile, size=None) -> None:
             source.fetch(key, out, out.size)
             if size is None or out.size >= size:
                 return
-            error = ConnectionError(f"the body ended at byte {out.size} of {size}")
+            error: Exception = ConnectionError(f"the body ended at byte {out.size} of {size}")
         except CUT as cut:
             error = cut
         out.flush()

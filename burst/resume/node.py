@@ -235,7 +235,8 @@ def _kept(manifest: Mapping, card: Card, forced: int | None, nodes: int = 1,
                           f"over {world} process(es)")
     amp = (manifest.get("amp") or {}).get("dtype")
     what = card.name or "cpu"
-    notes = (f"{what}: not in the card catalog, layout and precision kept",) if card.name \
+    notes: tuple[str, ...] = \
+        (f"{what}: not in the card catalog, layout and precision kept",) if card.name \
         else ("no GPU: layout and precision kept",)
     if world != saved:
         notes += (f"world size {saved} -> {world} ({nodes} node(s) x {per_node} process(es))",)

@@ -41,8 +41,8 @@ def run_status(store: Store, run_id: str, local: Store | None = None,
     if not remote_steps and not local_steps and not history:
         raise SnapshotError(f"run {run_id!r} has nothing in {store.url}")
     newest = snapshot.read_manifest(store, run_id) if remote_steps else None
-    if local_steps and (not remote_steps or local_steps[-1] > remote_steps[-1]):
-        newest = snapshot.read_manifest(local, run_id)  # type: ignore[arg-type]
+    if local is not None and local_steps and (not remote_steps or local_steps[-1] > remote_steps[-1]):
+        newest = snapshot.read_manifest(local, run_id)
     return {
         "run": run_id, "store": store.url,
         "where": where(history),
@@ -248,7 +248,7 @@ def last_failure(history: list[dict]) -> dict[str, Any] | None:
     return None
 
 
-def _own_report(earlier: list[dict], kind: str) -> dict | None:
+def _own_report(earlier: list[dict], kind: object) -> dict | None:
     """The training process's own ``failure`` event for the attempt that just exited."""
     for event in reversed(earlier):
         if event.get("event") == "child-start":
@@ -275,8 +275,9 @@ def plan_in_force(history: list[dict], manifest: dict | None) -> dict[str, Any] 
 # -- what a job's end means ----------------------------------------------------------------
 
 
-def decisive_code(codes: Iterable[int]) -> int | None:
-    """The code that says most about how a set of nodes ended (see ``CODE_RANK``)."""
+def decisive_code(codes: Iterable[object]) -> int | None:
+    """The code that says most about how a set of nodes ended (see ``CODE_RANK``); what
+    is not an exit code (a missing one, read from an event) is skipped."""
     ranked = [c for c in codes if isinstance(c, int)]
     if not ranked:
         return None

@@ -64,10 +64,11 @@ class Store(Protocol):
     def read_into(self, key: str, buffer: memoryview) -> int:
         """Fill ``buffer`` from the object; return the object's size (may exceed the buffer)."""
 
-    def read_range(self, key: str, start: int, length: int) -> bytes:
+    def read_range(self, key: str, start: int, length: int) -> bytes | bytearray:
         """Return ``length`` bytes of the object from byte ``start`` (one ranged read, so a
-        rank restoring its shard fetches only its rows); raise ``KeyError`` if it does not
-        exist and ``StoreError`` if it ends before ``start + length``."""
+        rank restoring its shard fetches only its rows; a store that reads in parallel parts
+        gives the bytearray they filled); raise ``KeyError`` if it does not exist and
+        ``StoreError`` if it ends before ``start + length``."""
 
     def size(self, key: str) -> int | None:
         """Return the object's size in bytes, or None if it does not exist."""

@@ -16,11 +16,19 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from burst.store.base import Pace, Store, TransientStoreError
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+
+
+class Thunk(Protocol[T_co]):
+    """A call with no arguments: ``Callable[[], T]``, spelled so that the type checker also
+    takes a lambda whose defaults bind a loop's variables (``lambda k=key: store.get(k)``)."""
+
+    def __call__(self) -> T_co: ...
 
 
 @dataclass(frozen=True)
@@ -38,7 +46,7 @@ class RetryPolicy:
 DEFAULT_RETRY = RetryPolicy()
 
 
-def retry(fn: Callable[[], T], policy: RetryPolicy = DEFAULT_RETRY,
+def retry(fn: Thunk[T], policy: RetryPolicy = DEFAULT_RETRY,
           sleep: Callable[[float], None] = time.sleep,
           deadline: float | None = None) -> T:
     """Call ``fn`` until it succeeds, retrying transient store errors per ``policy``.
@@ -100,4 +108,4 @@ class Retrying:
 
 def retrying(store: Store, policy: RetryPolicy = DEFAULT_RETRY) -> Store:
     """``store`` behind :class:`Retrying` (once: a store already behind one is kept)."""
-    return store if isinstance(store, Retrying) else Retrying(store, policy)  # type: ignore[return-value]
+    return store if isinstance(store, Retrying) else Retrying(store, policy)

@@ -18,6 +18,7 @@ each byte a second time.
 
 from __future__ import annotations
 
+import builtins  # in the store's class body `list` names its method, not the type
 import contextlib
 import hashlib
 import io
@@ -359,7 +360,7 @@ class S3Store:
             _settle(futures, cancel=True)
 
     def read_range(self, key: str, start: int, length: int, *,
-                   policy: RetryPolicy = DEFAULT_RETRY) -> bytes:
+                   policy: RetryPolicy = DEFAULT_RETRY) -> bytes | bytearray:
         """Ranged GETs (a long range in parallel parts), each retried on its own through
         ``policy``; no HEAD first: every part's ``Content-Range`` tells the object's size.
         Returns a ``bytearray`` (filled in place by the parts)."""
@@ -369,7 +370,8 @@ class S3Store:
                 raise KeyError(key)
             check_range(self.url, key, start, length, size)
             return b""
-        out = memoryview(bytearray(length))
+        filled = bytearray(length)
+        out = memoryview(filled)
 
         def write(offset: int, data: bytes) -> None:
             out[offset - start : offset - start + len(data)] = data
@@ -385,7 +387,7 @@ class S3Store:
             part(*ranges[0])
         else:
             _settle([self._executor().submit(part, a, b) for a, b in ranges])
-        return out.obj  # type: ignore[return-value]
+        return filled  # the parts wrote into it in place
 
     def size(self, key: str) -> int | None:
         with self._errors(f"checking {key}"):
@@ -451,7 +453,7 @@ class S3Store:
         with self._errors(f"writing {key}"):
             return self.client.create_multipart_upload(Bucket=self.bucket, Key=full)["UploadId"]
 
-    def _complete(self, key: str, full: str, upload: str, parts: list[dict],
+    def _complete(self, key: str, full: str, upload: str, parts: builtins.list[dict],
                   resumed_size: int | None) -> None:
         try:
             with self._errors(f"writing {key}"):
@@ -467,7 +469,8 @@ class S3Store:
                 raise
 
     def _open_upload(self, key: str, full: str, view: memoryview,
-                     ranges: list[tuple[int, tuple[int, int]]]) -> tuple[str, dict[int, str]]:
+                     ranges: builtins.list[tuple[int, tuple[int, int]]]
+                     ) -> tuple[str, dict[int, str]]:
         """The newest upload of ``full`` an earlier try left open, and its parts whose
         size and MD5 (the ETag S3 gives a part) match ours; else a new upload.
 

@@ -20,6 +20,7 @@ secret in it is refused, so burst never becomes one more place a key leaks from.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
@@ -169,7 +170,7 @@ def as_int(options: dict[str, Any], name: str, default: int) -> int:
     return number
 
 
-def as_bool(options: dict[str, Any], name: str, default: bool) -> bool:
+def as_bool(options: Mapping[str, Any], name: str, default: bool) -> bool:
     value = options.get(name, default)
     if isinstance(value, bool):
         return value

@@ -8,6 +8,8 @@ nothing to a bf16 run.
 
 from __future__ import annotations
 
+from typing import Any, Protocol
+
 import torch
 
 from burst.errors import ConfigError
@@ -15,20 +17,28 @@ from burst.errors import ConfigError
 AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+class Scaler(Protocol):
+    """What a resume asks of a loss scaler (``torch.amp.GradScaler``, or a framework's)."""
+
+    def is_enabled(self) -> bool: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
 def parse_amp(value: str | None) -> str | None:
     """Normalise an AMP setting to ``"bf16"``, ``"fp16"`` or None (full precision)."""
     if value is None:
         return None
-    name = value.strip().lower()
+    given = value.strip().lower()
     aliases = {"bfloat16": "bf16", "float16": "fp16", "half": "fp16", "fp32": None,
                "float32": None, "none": None, "no": None, "off": None, "": None}
-    name = aliases.get(name, name)
+    name = aliases.get(given, given)
     if name is not None and name not in AMP_DTYPES:
         raise ConfigError(f"unknown AMP setting {value!r}: use bf16, fp16 or none")
     return name
 
 
-def restore_scaler(scaler: object | None, saved: dict | None, saved_amp: str | None,
+def restore_scaler(scaler: Scaler | None, saved: dict | None, saved_amp: str | None,
                    amp: str | None) -> list[str]:
     """Load ``saved`` into ``scaler`` when that is meaningful; return what was changed."""
     if scaler is None:

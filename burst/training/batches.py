@@ -23,6 +23,7 @@ differs. ``Run.batches(get_batch)`` owns the source instead:
 from __future__ import annotations
 
 import collections
+import functools
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -128,7 +129,7 @@ def steps(run: Any, fn: Callable[..., Any], *, over: Any = None, steps: int | No
         run.begin_step()
         current = Step(run.step + 1, run.epoch, count * run.micro_batch * run.world_size,
                        count, _micro_batches(run, source, count, limit), None, run.world_size)
-        yield from hand_out(current, lambda step=current: _end(run, loop, source, step.samples),
+        yield from hand_out(current, functools.partial(_end, run, loop, source, current),
                             run.abandon_step, lambda: run.optimizer_stepped)
 
 
@@ -187,6 +188,6 @@ def _micro_batches(run: Any, source: Source, count: int, limit: int | None
         yield source.take(limit)
 
 
-def _end(run: Any, loop: LoopState, source: Source, samples: int) -> None:
+def _end(run: Any, loop: LoopState, source: Source, step: Step) -> None:
     loop.batches = source.boundary(run.epoch)  # what the step-end snapshot keeps
-    run.end_step(samples)
+    run.end_step(step.samples)

@@ -255,7 +255,8 @@ def _slice(batch: Any, lo: int, hi: int) -> Any:
     if hasattr(batch, "shape"):
         return batch[lo:hi]
     if isinstance(batch, Mapping):
-        return type(batch)({k: _slice(v, lo, hi) for k, v in batch.items()})
+        # the batch's own mapping type (dict, a tokenizer's BatchEncoding) made from a dict
+        return type(batch)({k: _slice(v, lo, hi) for k, v in batch.items()})  # type: ignore[call-arg]
     if isinstance(batch, list | tuple) and batch and _is_structure(batch):
         parts = [_slice(b, lo, hi) for b in batch]
         return type(batch)(*parts) if hasattr(batch, "_fields") else type(batch)(parts)

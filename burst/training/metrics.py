@@ -137,6 +137,8 @@ class LiveFigures:
 
     def publish(self) -> None:
         """Write the figures now; a failed write costs the exporter one update, never the run."""
+        if not self.directory:  # disabled: every call returns at once
+            return
         figures = {**self._figures, "time": time.time()}
         path = os.path.join(self.directory, FIGURES_FILE)
         temporary = f"{path}.{os.getpid()}.tmp"

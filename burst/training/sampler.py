@@ -159,7 +159,7 @@ class SeededDataset(Dataset):
         self.dataset, self.seed = dataset, seed
 
     def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
+        return len(self.dataset)  # type: ignore[arg-type]  # map-style: torch's Dataset type has no __len__
 
     def __getitem__(self, index: int) -> Any:
         epoch = getattr(index, "epoch", 0)

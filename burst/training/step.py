@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from burst.errors import ConfigError
+from burst.store.retry import Thunk
 from burst.supervise import faults
 
 
@@ -42,7 +43,7 @@ class Step:
         return micro_batch_samples * self.world_size / self.samples
 
 
-def hand_out(step: Step, end: Callable[[], None], abandon: Callable[[], None],
+def hand_out(step: Step, end: Thunk[None], abandon: Callable[[], None],
              stepped: Callable[[], bool]) -> Iterator[Step]:
     """Yield ``step`` to the loop, then count it (``end``) or drop it (``abandon``).
 
