@@ -74,9 +74,10 @@ class Boundary:
     def _python_state(self) -> tuple[Any, Any, Any]:
         generator = getattr(random.getstate, "__self__", None)  # the module's hidden instance
         raw = self._python_view.read(generator)
-        if raw is not None and raw == self._python_raw and self._python is not None:
+        if generator is not None and raw is not None and raw == self._python_raw \
+                and self._python is not None:
             version, internal = self._python
-            return version, internal, generator.gauss_next  # type: ignore[union-attr]
+            return version, internal, generator.gauss_next
         state = random.getstate()
         self._python_raw, self._python = (raw, state[:2]) if raw is not None else (None, None)
         return state
@@ -195,7 +196,7 @@ def _numpy_address(generator: object) -> int | None:
     """Where a NumPy MT19937 bit generator's state is (its public ``ctypes`` interface)."""
     if type(generator).__name__ != "MT19937":
         return None
-    return int(generator.ctypes.state_address)  # type: ignore[attr-defined]
+    return int(generator.ctypes.state_address)  # type: ignore[attr-defined]  # an MT19937, by its name
 
 
 def storable(state: dict[str, Any]) -> dict[str, Any]:
