@@ -102,7 +102,7 @@ class Guard:
     def uninstall(self) -> None:
         for signum, handler in self._previous_handlers.items():
             with contextlib.suppress(ValueError, TypeError):
-                signal.signal(signum, handler)  # type: ignore[arg-type]
+                signal.signal(signum, handler)  # type: ignore[arg-type]  # None (set outside Python): refused, suppressed
         self._previous_handlers.clear()
         if sys.excepthook == self._excepthook:
             sys.excepthook = self._previous_excepthook
