@@ -245,7 +245,7 @@ def accumulate(step: Any, model: torch.nn.Module) -> Iterator[Any]:
 
 
 @contextlib.contextmanager
-def _sync(model: torch.nn.Module, last: bool) -> Iterator[None]:
+def _sync(model: Any, last: bool) -> Iterator[None]:  # DDP's no_sync or FSDP2's sync switch
     if hasattr(model, "no_sync") and not last:
         with model.no_sync():
             yield

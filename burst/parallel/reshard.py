@@ -67,10 +67,11 @@ def load_rank_state(store: Store, manifest: dict, components: state_mod.Componen
     from burst.parallel import sharded as dcp
 
     skeleton = state_mod.decode(manifest, refs(manifest))
+    assert components.model is not None  # _sharded() found DTensors in it
     dcp.check(components.model, components.optimizer, skeleton.get("model"),
               skeleton.get("optimizer"))
     targets = {ref.name: live for ref, live in dcp.sharded_counterparts(
-        components.model, components.optimizer, skeleton.get("model"),
+        components.model, components.optimizer, skeleton["model"],  # check() refused none
         skeleton.get("optimizer"))}
     plan: dict[str, Box | None] = {ref.name: None for ref in _refs_in(skeleton)}
     plan.update({name: dcp.local_box(live) for name, live in targets.items()})

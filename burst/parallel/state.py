@@ -54,6 +54,7 @@ def capture(components: state_mod.Components, extra: dict, group: Group
         return state_tree, tensors, None
     from burst.parallel import sharded as dcp
 
+    assert components.model is not None  # sharded() found DTensors in it
     full_model, full_optim = dcp.full_state(components.model, components.optimizer)
     local = replace(components, model=None, optimizer=None)
     state_tree, tensors = state_mod.capture(local, extra)
@@ -63,7 +64,7 @@ def capture(components: state_mod.Components, extra: dict, group: Group
 
 
 def newest_manifest(group: Group, newest: Callable[[], dict | None],
-                    at_step: Callable[[int], dict]) -> dict | None:
+                    at_step: Callable[[int], dict | None]) -> dict | None:
     """The newest snapshot, the same one on every rank: rank 0 finds it with ``newest``
     and tells the others its step, which they read with ``at_step``."""
     if not group.collective:
@@ -96,6 +97,7 @@ def restore(components: state_mod.Components, saved: dict, group: Group, *, save
     if is_sharded:
         from burst.parallel import sharded as dcp
 
+        assert components.model is not None  # sharded() found DTensors in it
         dcp.check(components.model, components.optimizer, saved.get("model"),
                   saved.get("optimizer"))
         local = replace(components, model=None, optimizer=None)

@@ -48,7 +48,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 import blake3
 
@@ -140,7 +140,7 @@ def parts_prefix(run_id: str, step: int) -> str:
 
 def check_step(step: object) -> str:
     """``step`` as its fixed-width name; refuse anything but an int in [0, MAX_STEP)."""
-    if not _is_count(step) or step >= MAX_STEP:  # type: ignore[operator]
+    if not _is_count(step) or step >= MAX_STEP:
         raise SnapshotError(f"step {step!r} is not a step number (0 <= step < {MAX_STEP})")
     return f"{step:0{STEP_DIGITS}d}"
 
@@ -428,7 +428,7 @@ def _dtype_and_shape(name: str, entry: dict, source: str) -> tuple[int, list[int
     return itemsize, shape
 
 
-def _is_dims(dims: Any) -> bool:
+def _is_dims(dims: Any) -> TypeGuard[list[int]]:
     return (isinstance(dims, list) and len(dims) <= MAX_DIMS
             and all(_is_count(d) and d < 2**62 for d in dims))
 
@@ -495,5 +495,5 @@ def _boxes_meet(a: dict, b: dict) -> bool:
                in zip(a["offsets"], a["sizes"], b["offsets"], b["sizes"], strict=True))
 
 
-def _is_count(value: Any) -> bool:
+def _is_count(value: Any) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0

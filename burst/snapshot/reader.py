@@ -58,7 +58,7 @@ def with_indexes(store: Store, manifest: dict, source: str) -> dict:
     run_id, algo = manifest["run_id"], fmt.hash_of(manifest)
 
     def read(digest: str) -> dict:
-        data = read_blob(store, run_id, digest, manifest["blobs"][digest]["size"], algo=algo)
+        data: bytearray = read_blob(store, run_id, digest, manifest["blobs"][digest]["size"], algo=algo)
         return index_files.parse(data, manifest, digest, source)
 
     with ThreadPoolExecutor(min(4, len(digests)), thread_name_prefix="burst-index") as pool:
@@ -198,7 +198,7 @@ def _complete(store: Store, run_id: str, step: int) -> dict:
 
 
 def read_blob(store: Store, run_id: str, digest: str, size: int,
-              allocate: Callable[[int], Buffer] = bytearray, *, algo: str,
+              allocate: Callable[[int], Buffer] = bytearray, *, algo: str,  # type: ignore[assignment]  # mypy cannot default a TypeVar's callable; bytearray makes one
               check_hash: bool = True) -> Buffer:
     """One blob's bytes, size- and hash-checked (by ``algo``, the manifest's
     :func:`~burst.snapshot.format.hash_of`), in a buffer from ``allocate(size)``.
@@ -216,7 +216,7 @@ def read_blob(store: Store, run_id: str, digest: str, size: int,
     except (MemoryError, OverflowError, RuntimeError):  # a hostile manifest, or too big here
         raise SnapshotError(f"blob {digest[:12]} needs {size} bytes of memory, more than this "
                             "machine can allocate") from None
-    view = memoryview(buffer).cast("B") if size else memoryview(bytearray())
+    view = memoryview(buffer).cast("B") if size else memoryview(bytearray())  # type: ignore[arg-type]  # a Buffer takes writes (the TypeVar's promise)
     if store.read_into(key, view) != size:
         raise SnapshotError(f"blob {digest[:12]} changed size while being read")
     if check_hash:

@@ -120,7 +120,7 @@ def _allocate(live: dict[str, torch.Tensor]
         except RuntimeError:  # a dtype torch cannot view bytes as: buffers of its own
             continue
         placed.update(views)
-        packs[_pack_key(blob)] = memoryview(flat.numpy()).cast("B")
+        packs[_pack_key(blob)] = flat.numpy().data.cast("B")  # the array's buffer
     tensors = {name: placed[name] if name in placed else _host_buffer(tensor)
                for name, tensor in live.items()}
     return tensors, packs
