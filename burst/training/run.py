@@ -51,6 +51,7 @@ from burst.parallel.group import Group, StepVote, unwrap
 from burst.snapshot import lineage, reader, restorable, sync
 from burst.snapshot import tiers as snapshot
 from burst.snapshot.tensors import load_tensors
+from burst.snapshot.tiers import Captured  # in the class body `snapshot` is Run.snapshot
 from burst.snapshot.upload import UploadQueue
 from burst.state import capture as state_mod
 from burst.state import rng
@@ -206,7 +207,7 @@ class Run:
         self.persist_seconds = _persist_seconds(persist_seconds)
         self._adaptive = adaptive.Adaptive(
             _budget(overhead_budget), shadow_every=self.shadow_every,
-            persist_seconds=None if self.persist_seconds == adaptive.AUTO else self.persist_seconds,
+            persist_seconds=None if isinstance(self.persist_seconds, str) else self.persist_seconds,
             persist_chosen=self.persist_seconds == adaptive.AUTO and persist_every is None,
             clock=clock)  # what steps and copies are timed with (tests inject one)
         self._intervals_said: adaptive.Intervals | None = None  # the last one recorded
@@ -308,7 +309,7 @@ class Run:
             loop.hold(carry)
         self.components = state_mod.Components(unwrap(model), optimizer, scheduler, scaler,
                                                 loop=loop)
-        self._saved_buffer_names = frozenset(self.components.model.state_dict().keys())
+        self._saved_buffer_names = frozenset(unwrap(model).state_dict().keys())
         self._buffers_moved = True
         if self._buffer_hook is None:
             self._buffer_hook = register_module_buffer_registration_hook(self._buffer_assigned)
@@ -798,7 +799,7 @@ class Run:
         with contextlib.suppress(Exception):
             self.flush()
 
-    def _capture(self, reason: str, persist: bool) -> snapshot.Captured | None:
+    def _capture(self, reason: str, persist: bool) -> Captured | None:
         entered = self._adaptive.clock()
         # the environment freeze is named by the persister (Tiers.complete_meta), which
         # waits for it there: the training thread never waits for a freeze
