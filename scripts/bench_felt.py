@@ -326,10 +326,14 @@ def main() -> None:
     parser.add_argument("--small", action="store_true", help="a small model: a quick run")
     parser.add_argument("--only", nargs="*", choices=METHODS, default=list(METHODS))
     parser.add_argument("--worker", choices=METHODS, help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch intra-op threads, alike in every method's process (a "
+                        "library that changes them would otherwise change the step)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     os.environ.setdefault("BURST_WHEELS", "none")
     if args.worker:
+        torch.set_num_threads(args.threads)
         print(json.dumps(worker(args.worker, args.small, args.checkpoints)))
         return
     results: dict[str, list[dict[str, float]]] = {name: [] for name in args.only}
@@ -338,7 +342,7 @@ def main() -> None:
         names = args.only[index % len(args.only):] + args.only[:index % len(args.only)]
         for name in names:
             command = [sys.executable, __file__, "--worker", name,
-                       "--checkpoints", str(args.checkpoints)] + (["--small"] if args.small else [])
+                       "--checkpoints", str(args.checkpoints), "--threads", str(args.threads)] + (["--small"] if args.small else [])
             done = subprocess.run(command, capture_output=True, text=True)
             if done.returncode:
                 raise SystemExit(f"bench_felt: {name} failed:\n{done.stderr[-2000:]}")
