@@ -40,6 +40,8 @@ echo "free for temporaries: $(df -h --output=avail "${TMPDIR:-/tmp}" | tail -n 1
 .venv/bin/ruff check burst tests scripts
 # burst runs on Python 3.10 too (a cloud node's Ubuntu 22.04): no newer stdlib in the package
 .venv/bin/vermin --quiet --no-tips --violations --eval-annotations --target=3.10- burst scripts
+# burst's type hints are checked (py.typed promises them to users): [tool.mypy] in pyproject.toml
+.venv/bin/mypy burst
 # arguments: run just those tests, as pytest would
 if [ "$#" -gt 0 ]; then
   exec .venv/bin/python -m pytest "$@"
