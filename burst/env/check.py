@@ -104,7 +104,10 @@ def worst(differences: list[Difference]) -> str | None:
 
 def _format(lock: Lockfile, live: Live) -> list[Difference]:
     recorded = lock.burst.get("snapshot_format")
-    if recorded is None or live.snapshot_format is None or recorded == live.snapshot_format:
+    # formats only grow, and a burst reads every format up to its own (a run frozen by an
+    # older burst, format 1, resumes on one that writes format 3): only a newer is an error
+    if not isinstance(recorded, int) or live.snapshot_format is None \
+            or recorded <= live.snapshot_format:
         return []
     return [Difference(ERROR, "burst snapshot format", str(recorded), str(live.snapshot_format),
                        "this burst cannot read the run's snapshots")]

@@ -81,6 +81,12 @@ def test_other_snapshot_format_is_an_error(frozen, live):
     assert [(d.severity, d.what) for d in differences] == [("error", "burst snapshot format")]
 
 
+def test_a_run_frozen_by_an_older_burst_passes_on_a_newer_one(frozen, live):
+    # an older burst wrote format 1 (SHA-256); this one writes format 3 and reads both
+    doctored = dataclasses.replace(frozen, burst={**frozen.burst, "snapshot_format": 1})
+    assert "burst snapshot format" not in [d.what for d in envcheck.compare(doctored, live)]
+
+
 def test_warnings_pass_unless_strict(frozen, tmp_path):
     path = _write(tmp_path, _doctor(frozen, numpy="0.0.1"))
     assert CliRunner().invoke(main, ["env", "check", "--lockfile", path]).exit_code == 0

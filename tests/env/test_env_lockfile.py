@@ -12,6 +12,7 @@ import torch
 
 from burst.env import lockfile, pkgindex
 from burst.env.lockfile import LockfileError, Package
+from burst.snapshot.format import FORMAT_VERSION
 from burst.store import MemoryStore
 
 
@@ -30,7 +31,7 @@ def test_freeze_records_python_platform_and_the_torch_build(frozen):
     assert frozen.torch["version"] == torch.__version__
     expected = "cpu" if torch.version.cuda is None else frozen.torch["variant"]
     assert frozen.torch["variant"] == expected
-    assert frozen.burst["snapshot_format"] == 1
+    assert frozen.burst["snapshot_format"] == FORMAT_VERSION
 
 
 def test_lockfile_round_trips_through_json_and_the_store(frozen):
