@@ -141,6 +141,13 @@ class _Handler(BaseHTTPRequestHandler):
             time.sleep(LATENCY)
         if fault == "corrupt" and payload:
             payload = bytes([payload[0] ^ 0xFF]) + payload[1:]
+        # recorded before the client can have its answer: a test that reads ``served`` once
+        # its call returned must find the request there
+        ranged = self.headers.get("Range")
+        cut = fault in ("reset-response", "truncate") and len(payload) > 1
+        if self.command != "HEAD":  # a HEAD sends no body: not a request served
+            self.config.record(self.command, self.path, ranged,
+                               len(payload) // 2 if cut else len(payload))
         self.send_response(status)
         for name, value in headers:
             self.send_header(name, value)
@@ -149,14 +156,11 @@ class _Handler(BaseHTTPRequestHandler):
             return None
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
-        ranged = self.headers.get("Range")
-        if fault in ("reset-response", "truncate") and len(payload) > 1:
+        if cut:
             self.wfile.write(payload[: len(payload) // 2])
             self.wfile.flush()
-            self.config.record(self.command, self.path, ranged, len(payload) // 2)
             return self._reset() if fault == "reset-response" else self._close()
         self._write(payload, slow=fault == "slow")
-        self.config.record(self.command, self.path, ranged, len(payload))
         return None
 
     def _read_body(self, length: int, slow: bool) -> bytes:
