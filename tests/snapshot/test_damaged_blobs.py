@@ -4,8 +4,6 @@ the next snapshot of the same bytes writes it again instead of naming the damage
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -14,6 +12,7 @@ from burst.snapshot import damaged, reader
 from burst.snapshot import format as fmt
 from burst.snapshot.tensors import load_tensors
 from burst.store import LocalStore, open_store
+from tests.snapshot.test_snapshot_hash import corrupt_one_blob
 from tests.snapshot_helpers import take
 from tests.store_servers import BUCKET, aws_env
 
@@ -26,17 +25,10 @@ def biggest(manifest: dict) -> str:
     return max(manifest["blobs"], key=lambda d: manifest["blobs"][d]["size"])
 
 
-def flip_a_byte(store: LocalStore, digest: str) -> None:
-    path = Path(store.root) / fmt.blob_key("run", digest)
-    data = bytearray(path.read_bytes())
-    data[len(data) // 2] ^= 1
-    path.write_bytes(data)
-
-
 def test_a_restore_that_finds_a_damaged_blob_deletes_it(tmp_path):
     store = LocalStore(tmp_path)
     manifest = take(store, 5, state())
-    flip_a_byte(store, biggest(manifest))
+    corrupt_one_blob(store, manifest)  # the biggest blob
     with pytest.raises(SnapshotError, match="deleted from"):
         load_tensors(store, reader.read_manifest(store, "run", 5))
     assert store.size(fmt.blob_key("run", biggest(manifest))) is None
@@ -45,7 +37,7 @@ def test_a_restore_that_finds_a_damaged_blob_deletes_it(tmp_path):
 def test_the_next_snapshot_of_the_same_bytes_writes_the_deleted_blob_again(tmp_path):
     store = LocalStore(tmp_path)
     manifest = take(store, 5, state())
-    flip_a_byte(store, biggest(manifest))
+    corrupt_one_blob(store, manifest)  # the biggest blob
     with pytest.raises(SnapshotError):
         reader.verify(store, "run", 5)
     take(store, 6, state())  # the step replayed after a fallback: the same bytes

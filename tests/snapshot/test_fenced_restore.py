@@ -5,16 +5,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from torch.utils.data import DataLoader, TensorDataset
 
 import burst
 from burst import events
 from burst.errors import BurstError
 from burst.snapshot import reader
 from burst.store import LocalStore, open_store
+from tests.snapshot.test_lineage_run import train
 from tests.store_servers import aws_env
-
-DATA = TensorDataset(torch.arange(40, dtype=torch.float32).reshape(20, 2), torch.arange(20))
 
 
 @pytest.fixture
@@ -34,21 +32,6 @@ def launch(url: str, local) -> tuple[burst.Run, torch.nn.Module, torch.optim.Opt
                     persist_seconds=None)
     run.attach(model, optimizer)
     return run, model, optimizer
-
-
-def train(run: burst.Run, model, optimizer, steps: int) -> None:
-    loader = DataLoader(DATA, batch_size=run.micro_batch,
-                        sampler=burst.ResumableSampler(DATA, seed=1))
-    done = 0
-    for _ in run.epochs(1):
-        for step in run.steps(loader):
-            if done == steps:
-                return
-            for x, _y in step:
-                (model(x).sum() * step.weight(len(x))).backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            done += 1
 
 
 def test_a_fenced_writer_relaunched_restores_the_newest_snapshot_the_fence_accepts(
