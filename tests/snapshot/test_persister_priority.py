@@ -25,8 +25,9 @@ def no_lingering_persister(monkeypatch):
     """Each test's persister leaves soon after its write, and is gone when the test ends."""
     monkeypatch.setattr(tiers, "LINGER_SECONDS", 0.05)
     monkeypatch.delenv(priority.ENV_PRIORITY, raising=False)  # the suite's "normal"
+    before = set(threading.enumerate())  # an earlier test's run, never closed, may keep its own
     yield
-    for thread in threading.enumerate():
+    for thread in set(threading.enumerate()) - before:
         if thread.name == "burst-persist":
             thread.join(timeout=60)
 
