@@ -371,7 +371,9 @@ for epoch in run.epochs(10_000):
 
 
 class Progress:
-    """The training process's ``step N`` lines, read as they come."""
+    """The training process's ``step N`` lines, read as they come from its stdout alone:
+    burst's own messages go to stderr, and another thread's message can land in the pipe
+    between a print's text and its newline, so the two streams are never merged."""
 
     def __init__(self, process: subprocess.Popen) -> None:
         self.last = 0
@@ -410,14 +412,14 @@ def test_a_notice_gets_a_snapshot_uploaded_before_sigterm_and_nothing_is_lost(
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     store = open_store(url)
-    with FakeMetadata("aws") as fake:
+    with FakeMetadata("aws") as fake, (tmp_path / "stderr.log").open("w") as messages:
         env = {**os.environ, "BURST_LOCAL": str(tmp_path / "local"), "BURST_FREEZE": "0",
                "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "AWS", "region": "us-east-1"}),
                preemption.ENV_METADATA_URL: fake.url, preemption.ENV_POLL: "0.05",
                failure.RECORD_DIR_ENV: str(tmp_path / "failures")}
         process = subprocess.Popen([sys.executable, str(script), url], env=env, text=True,
-                                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                                   stdout=subprocess.PIPE, stderr=messages)
         progress = Progress(process)
         try:
             wait_until(lambda: progress.last >= 3, "training", process, timeout=60)
@@ -436,7 +438,7 @@ def test_a_notice_gets_a_snapshot_uploaded_before_sigterm_and_nothing_is_lost(
         finally:
             code = terminate(process, grace=20)
             progress.finish()
-    output = "".join(progress.lines)
+    output = "".join(progress.lines) + (tmp_path / "stderr.log").read_text()
     assert code == failure.EXIT_STOPPED, output
     assert reader.list_steps(store, "spot")[-1] == progress.last  # nothing past the last step
     history = events.read(store, "spot")
