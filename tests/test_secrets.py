@@ -24,8 +24,8 @@ import pytest
 from click.testing import CliRunner
 
 from burst.cli import crashlog, main
-from burst.env.redact import scrub_text, strip_url
 from burst.errors import StoreError
+from burst.redact import scrub_text, strip_url
 from burst.store import open_store
 from tests.conftest import EXAMPLE
 from tests.store_servers import BUCKET, SSHServer

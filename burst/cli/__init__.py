@@ -6,7 +6,7 @@ Each command parses its flags, calls the library and prints. Expected failures a
 bug in burst: the user gets one line naming a log file, which holds the traceback
 (:mod:`burst.cli.crashlog`), and exit code 70. Every line, click's own usage errors
 included, is stripped of credentials (URL user info, malformed URLs too, and signature,
-token and password parameters: :func:`burst.env.redact.scrub_text`).
+token and password parameters: :func:`burst.redact.scrub_text`).
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def _one_line(message: str) -> str:
 
 
 def _scrubbed(message: str) -> str:
-    from burst.env.redact import scrub_text  # its patterns compile on the first error
+    from burst.redact import scrub_text  # its patterns compile on the first error
 
     return scrub_text(message)
 

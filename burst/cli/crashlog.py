@@ -14,7 +14,7 @@ import traceback
 from datetime import datetime, timezone
 from pathlib import Path
 
-from burst.env.redact import scrub_text
+from burst.redact import scrub_text
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 

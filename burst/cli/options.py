@@ -102,7 +102,7 @@ def check_parses(url: str, flag: str) -> str:
     shows it without credentials, instead of the parser's bare ValueError."""
     from urllib.parse import urlsplit
 
-    from burst.env.redact import strip_url
+    from burst.redact import strip_url
 
     try:
         urlsplit(url).port  # noqa: B018 - parsing the port is part of the check

@@ -46,8 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from burst.env import spawn
-from burst.env.redact import holds_private_key, is_secret_path, scrub_text, strip_url
 from burst.errors import BurstError, ConfigError, SnapshotError
+from burst.redact import holds_private_key, is_secret_path, scrub_text, strip_url
 from burst.store.base import Store
 
 DEFAULT_MAX_BYTES = 64 << 20

@@ -32,9 +32,9 @@ from typing import Any
 
 from burst import events
 from burst.env import codearchive, lockfile, wheelchoice, wheelhouse
-from burst.env.redact import scrub_text
 from burst.errors import BurstError
 from burst.inputs import part as inputs_part
+from burst.redact import scrub_text
 from burst.snapshot import priority
 from burst.snapshot import reader as snapshot
 from burst.store import is_local

@@ -38,8 +38,8 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from burst.env import machine as envfacts
 from burst.env import pkgindex
-from burst.env.redact import strip_url
 from burst.errors import BurstError
+from burst.redact import strip_url
 from burst.snapshot.format import FORMAT_VERSION
 from burst.store.base import Store
 

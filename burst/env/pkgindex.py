@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from burst.env.redact import strip_url
+from burst.redact import strip_url
 
 if sys.version_info >= (3, 11):
     import tomllib  # novermin

@@ -36,9 +36,9 @@ from typing import Any
 
 from burst import config as user_config
 from burst.env import wheelhouse
-from burst.env.redact import holds_private_key, is_secret_path
 from burst.errors import ConfigError
 from burst.inputs import hubs, names
+from burst.redact import holds_private_key, is_secret_path
 
 URL_SCHEMES = ("s3://", "oss://", "gs://")
 DEFAULT_MAX_BYTES = 50 * 10**9

@@ -15,7 +15,7 @@ import os
 from collections.abc import Mapping
 
 from burst.env import pkgindex
-from burst.env.redact import strip_url
+from burst.redact import strip_url
 
 INDEX_ENV, EXTRA_ENV, TORCH_ENV = "BURST_INDEX_URL", "BURST_EXTRA_INDEX_URL", "BURST_TORCH_INDEX"
 _PRIMARY_SOURCES = ("PIP_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL")

@@ -26,8 +26,8 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from burst import config as user_config
-from burst.env.redact import strip_url
 from burst.errors import ConfigError
+from burst.redact import strip_url
 
 #: Every setting a store accepts, with the environment variable that can supply it.
 OPTIONS: dict[str, str] = {

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from burst.cli import main
-from burst.env.redact import is_secret_path, scrub_text, strip_url
+from burst.redact import is_secret_path, scrub_text, strip_url
 from tests.env_helpers import CANARY_FILE, CANARY_KEY, CANARY_REMOTE, make_repo
 
 ENV_CANARIES = {

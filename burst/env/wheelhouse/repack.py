@@ -54,8 +54,8 @@ from packaging.version import InvalidVersion, Version
 
 from burst.env import lockfile, pkgindex, spawn, torchvariant
 from burst.env.lockfile import TORCH_FAMILY, Lockfile, Package
-from burst.env.redact import strip_url
 from burst.errors import BurstError, ConfigError
+from burst.redact import strip_url
 from burst.store.base import Pace, Store, check_key
 from burst.store.files import upload_files
 from burst.store.retry import DEFAULT_RETRY, RetryPolicy, retrying
