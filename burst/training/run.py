@@ -55,6 +55,7 @@ from burst.snapshot.tiers import Captured  # in the class body `snapshot` is Run
 from burst.snapshot.upload import UploadQueue
 from burst.state import capture as state_mod
 from burst.state import rng
+from burst.state.amp import AMP_DTYPES, parse_amp
 from burst.state.carry import LoopState
 from burst.store import Store, default_local_url, is_local, open_store
 from burst.store.base import SHARED_PREFIXES, check_key
@@ -71,7 +72,6 @@ from burst.training import (
 )
 from burst.training import command as launch
 from burst.training import quota as memory_quota
-from burst.training.amp import AMP_DTYPES, parse_amp
 from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
 from burst.training.metrics import LiveFigures, MetricBuffer
 from burst.training.sampler import ResumableSampler, derive_seed
