@@ -147,8 +147,8 @@ class Gather:
     def save(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer
              ) -> tuple[float, float]:
         from burst.parallel.sharded import full_state
+        from burst.snapshot import tree
         from burst.snapshot.tiers import Captured, write_snapshot
-        from burst.state import tree
 
         self.count += 1
         started = time.perf_counter()

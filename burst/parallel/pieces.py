@@ -32,9 +32,10 @@ import torch
 
 from burst.errors import ConfigError
 from burst.parallel.group import Group
+from burst.snapshot import tree
 from burst.snapshot.parts import Box
 from burst.state import capture as state_mod
-from burst.state import rank_rng, rng, tree
+from burst.state import rank_rng, rng
 
 _SHARED = ("model", "optimizer")  # the parts of the tree every rank encodes
 

@@ -22,9 +22,10 @@ from dataclasses import replace
 import torch
 
 from burst.parallel.group import Group
+from burst.snapshot import tree
 from burst.snapshot.parts import Box
 from burst.state import capture as state_mod
-from burst.state import rank_rng, tree
+from burst.state import rank_rng
 from burst.store.base import Store
 
 

@@ -52,9 +52,9 @@ from burst import killpoints
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
 from burst.snapshot import index, reader
+from burst.snapshot import tree as tree_mod
 from burst.snapshot.commit import commit, each_blob
 from burst.snapshot.tensors import dtype_name, layout_blobs
-from burst.state import tree as tree_mod
 from burst.store.base import Store
 from burst.store.retry import DEFAULT_RETRY, RetryPolicy, retry
 

@@ -16,8 +16,9 @@ from typing import Any
 import torch
 
 from burst.errors import SnapshotError
+from burst.snapshot import tree
 from burst.state import amp as amp_rules
-from burst.state import rng, tree
+from burst.state import rng
 from burst.state.carry import LoopState
 
 

@@ -5,7 +5,7 @@ values the next step starts from, so a resumed run that lacks them is not the sa
 The user hands burst a dict of them (``Run.attach(..., carry={...})``) and keeps it
 current; every snapshot holds its contents as they are at the step boundary (tensors on
 any device, numbers, strings, and lists, tuples and dicts of them: what
-:mod:`burst.state.tree` encodes, never a pickle).
+:mod:`burst.snapshot.tree` encodes, never a pickle).
 
 Restoring puts the saved values back *into* that dict: a tensor the dict already holds
 with the saved shape and dtype is overwritten in place (an EMA's tensors, shared with
@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from burst.errors import ConfigError, SnapshotError
-from burst.state import rng, tree
+from burst.snapshot import tree
+from burst.state import rng
 
 CARRY, BATCHES = "carry", "batches"
 

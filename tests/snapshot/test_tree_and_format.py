@@ -10,8 +10,8 @@ import torch
 
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
+from burst.snapshot import tree
 from burst.snapshot.tensors import DTYPES, layout_blobs
-from burst.state import tree
 
 
 def roundtrip(value):

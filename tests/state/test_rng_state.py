@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from burst.errors import SnapshotError
+from burst.snapshot import tree
 from burst.state import capture as state_mod
-from burst.state import rng, tree
+from burst.state import rng
 
 
 def draws() -> tuple:

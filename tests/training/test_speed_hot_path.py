@@ -16,9 +16,9 @@ import torch.multiprocessing as mp
 import burst
 from burst.env.freeze import FREEZE_ENV
 from burst.parallel.group import Group, StepVote
+from burst.snapshot import tree
 from burst.snapshot.tiers import Captured, write_snapshot
 from burst.state import capture as state_mod
-from burst.state import tree
 from burst.store import LocalStore
 from burst.supervise import faults
 
