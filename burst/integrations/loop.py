@@ -17,8 +17,9 @@ from typing import Any
 import torch
 
 from burst.errors import ConfigError
+from burst.state.rng import derive_seed
 from burst.training.run import Run
-from burst.training.sampler import ResumableSampler, derive_seed
+from burst.training.sampler import ResumableSampler
 
 
 class ForeignLoop:

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from burst.state import rng
-from burst.training.sampler import derive_seed
+from burst.state.rng import derive_seed
 
 
 def to_json(state: dict[str, Any]) -> dict[str, Any]:

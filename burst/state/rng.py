@@ -12,12 +12,15 @@ tensors), never walked into lists.
 Mersenne Twister keys as int64 tensors (stored as blobs, not as 1,249 JSON numbers), and
 only when a snapshot is taken. :func:`restore` and :func:`check` accept that form, the
 captured one, and the lists older snapshots hold.
+:func:`derive_seed` names a stable seed for any parts: the sampler's permutations, the
+loader's generator and each rank's generators all draw from seeds it derives.
 """
 
 from __future__ import annotations
 
 import array
 import ctypes
+import hashlib
 import random
 import struct
 from collections.abc import Callable
@@ -27,6 +30,12 @@ import numpy as np
 import torch
 
 from burst.errors import SnapshotError
+
+
+def derive_seed(*parts: object, bits: int = 32) -> int:
+    """A stable seed from any parts (hash-based: no correlation between nearby inputs)."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") % (1 << bits)
 
 
 def capture() -> dict[str, Any]:

@@ -32,8 +32,8 @@ from typing import Any
 from burst.errors import ConfigError
 from burst.state import rng
 from burst.state.carry import LoopState
+from burst.state.rng import derive_seed
 from burst.state.streams import Stream
-from burst.training.sampler import derive_seed
 from burst.training.step import Step, hand_out
 
 OUTSIDE_EVENT = "rng-outside-step"  # recorded once a run, with the warning's text

@@ -57,6 +57,7 @@ from burst.state import capture as state_mod
 from burst.state import rng
 from burst.state.amp import AMP_DTYPES, parse_amp
 from burst.state.carry import LoopState
+from burst.state.rng import derive_seed
 from burst.store import Store, default_local_url, is_local, open_store
 from burst.store.base import SHARED_PREFIXES, check_key
 from burst.supervise import faults, preemption
@@ -74,7 +75,7 @@ from burst.training import command as launch
 from burst.training import quota as memory_quota
 from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
 from burst.training.metrics import LiveFigures, MetricBuffer
-from burst.training.sampler import ResumableSampler, derive_seed
+from burst.training.sampler import ResumableSampler
 from burst.training.step import Step, hand_out
 from burst.training.trackers import STATE_KEY as TRACKERS_KEY
 from burst.training.trackers import Trackers

@@ -20,7 +20,6 @@ workers, at other points of their streams.
 from __future__ import annotations
 
 import functools
-import hashlib
 import random
 from collections.abc import Iterator, Sized
 from typing import Any
@@ -30,12 +29,7 @@ import torch
 from torch.utils.data import Dataset, Sampler, get_worker_info
 
 from burst.parallel import partition
-
-
-def derive_seed(*parts: object, bits: int = 32) -> int:
-    """A stable seed from any parts (hash-based: no correlation between nearby inputs)."""
-    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") % (1 << bits)
+from burst.state.rng import derive_seed
 
 
 class SampleIndex(int):
