@@ -111,7 +111,7 @@ ENV_METADATA_URL = "BURST_METADATA_URL"  # the cloud metadata server (roles, pre
 
 # the agent and its child
 ENV_FAILURE_DIR = "BURST_FAILURE_DIR"  # a fresh directory per attempt for failure records
-ENV_FAULT = "BURST_FAULT"  # a drill's injected fault (burst.supervise.faults)
+ENV_FAULT = "BURST_FAULT"  # a drill's injected fault (burst.training.faults)
 ENV_GPU_MEMORY_QUOTA = "BURST_GPU_MEMORY_QUOTA"  # bytes the child may allocate
 
 

@@ -27,8 +27,8 @@ from burst.supervise.coordinator import (
     poll_seconds,
 )
 from burst.supervise.exporter import Exporter
-from burst.supervise.faults import parse as parse_faults
 from burst.supervise.gpuwatch import GpuWatch
+from burst.training.faults import parse as parse_faults
 
 
 def supervision_options(fn):

@@ -53,7 +53,7 @@ from burst.errors import BurstError, ConfigError
 from burst.launch import LaunchResult, Reporter, sealed
 from burst.launch.task import RenderedTask
 from burst.parallel.launching import PORT_ENV
-from burst.supervise import faults as injected
+from burst.training import faults as injected
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 UNSEALED_EVENT = "node-unsealed"  # a stub node ran on this machine as it is

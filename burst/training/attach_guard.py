@@ -20,7 +20,7 @@ import contextlib
 from collections.abc import Callable
 from types import TracebackType
 
-from burst.supervise import preemption
+from burst.training import preemption
 
 STOP_SECONDS = 5.0  # a watcher between polls stops at once; a long poll is a daemon thread
 

@@ -60,16 +60,17 @@ from burst.state.carry import LoopState
 from burst.state.rng import derive_seed
 from burst.store import Store, default_local_url, is_local, open_store
 from burst.store.base import SHARED_PREFIXES, check_key
-from burst.supervise import faults, preemption
 from burst.training import (
     adaptive,
     attach_guard,
     batches,
     checkpointing,
     failure,
+    faults,
     fencing,
     memory_control,
     outage,
+    preemption,
 )
 from burst.training import command as launch
 from burst.training import quota as memory_quota
@@ -736,7 +737,7 @@ class Run:
         """From any thread: at the next step boundary persist a snapshot under ``reason``
         and wait there (up to ``grace_seconds``) until it is stored, then train on. It
         only sets a flag, like a signal: what a watcher thread calls (the preemption
-        notice, ``burst.supervise.preemption``) without ever touching training state."""
+        notice, ``burst.training.preemption``) without ever touching training state."""
         self._guard.request_snapshot(reason)
 
     def flush(self, timeout: float | None = None) -> None:

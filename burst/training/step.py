@@ -12,7 +12,7 @@ from typing import Any
 
 from burst.errors import ConfigError
 from burst.store.retry import Thunk
-from burst.supervise import faults
+from burst.training import faults
 
 
 class Step:

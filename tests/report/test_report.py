@@ -20,7 +20,7 @@ from burst import events
 from burst.cli import main
 from burst.report.charts import HEIGHT, WIDTH
 from burst.store import LocalStore
-from burst.supervise import faults
+from burst.training import faults
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 

@@ -16,7 +16,7 @@ import burst
 from burst import events
 from burst.errors import ConfigError
 from burst.store import LocalStore
-from burst.supervise import faults
+from burst.training import faults
 from tests.conftest import EXAMPLE
 
 

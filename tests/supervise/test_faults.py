@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from burst.errors import ConfigError
-from burst.supervise import faults
+from burst.training import faults
 
 
 def test_a_rank_suffix_limits_the_fault_to_that_rank():

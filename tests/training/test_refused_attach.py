@@ -18,7 +18,7 @@ from burst.errors import BurstError
 from burst.snapshot import format as fmt
 from burst.snapshot import reader
 from burst.store import LocalStore
-from burst.supervise import preemption
+from burst.training import preemption
 from burst.training.failure import EXIT_FENCED
 
 DATA = TensorDataset(torch.arange(40, dtype=torch.float32).reshape(20, 2), torch.arange(20))

@@ -20,7 +20,7 @@ from burst.snapshot import tree
 from burst.snapshot.tiers import Captured, write_snapshot
 from burst.state import capture as state_mod
 from burst.store import LocalStore
-from burst.supervise import faults
+from burst.training import faults
 
 
 class Normed(torch.nn.Module):
