@@ -54,9 +54,9 @@ sys.path.insert(0, str(ROOT))
 from burst.env import readiness, stageparts, throttle, wheelhouse  # noqa: E402
 from burst.env.stager import Stager  # noqa: E402
 from burst.store import open_store  # noqa: E402
-from tests.sealed_project import environment  # noqa: E402
-from tests.staging_helpers import house_of, small_lock, synthetic_wheel  # noqa: E402
-from tests.store_servers import ACCESS_KEY, BUCKET, SECRET_KEY, free_port  # noqa: E402
+from tests.helpers.sealed_project import environment  # noqa: E402
+from tests.helpers.staging_helpers import house_of, small_lock, synthetic_wheel  # noqa: E402
+from tests.helpers.store_servers import ACCESS_KEY, BUCKET, SECRET_KEY, free_port  # noqa: E402
 
 PY = sys.executable
 # torch 2.5.1+cu124 for CPython 3.11 on x86_64 and what it pins (PyPI sizes, MB)

@@ -50,13 +50,14 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import burst  # noqa: E402
 from burst.resume.bootstrap import sha256_of  # noqa: E402
+
+import burst  # noqa: E402
 from burst.snapshot import sync  # noqa: E402
 from burst.snapshot import tiers as snapshot  # noqa: E402
 from burst.snapshot.tiers import Captured  # noqa: E402
 from burst.store import LocalStore, open_store  # noqa: E402
-from tests.store_servers import (  # noqa: E402
+from tests.helpers.store_servers import (  # noqa: E402
     ACCESS_KEY,
     BUCKET,
     SECRET_KEY,

@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 from burst.env import wheelhouse  # noqa: E402
 from burst.resume import bootstrap  # noqa: E402
 from burst.store import open_store  # noqa: E402
-from tests.store_servers import (  # noqa: E402
+from tests.helpers.store_servers import (  # noqa: E402
     ACCESS_KEY,
     BUCKET,
     SECRET_KEY,

@@ -17,7 +17,7 @@ if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2
   # the package starts a service on :9090; the tests start their own on free ports
   service prometheus stop >/dev/null 2>&1 || true
 fi
-# the sealed node of another distribution (tests/node_world.py): debootstrap builds a Debian
+# the sealed node of another distribution (tests/helpers/node_world.py): debootstrap builds a Debian
 # 13 root, and a standalone CPython 3.11 is built from Debian's source package, both once,
 # cached under ~/.cache/burst-tests ($BURST_TEST_CACHE)
 NODE_WORLD=(debootstrap build-essential libssl-dev zlib1g-dev libffi-dev libbz2-dev

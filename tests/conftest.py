@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "scripts" / "example_train.py"
 
 # Session fixtures for the store tests: real S3 servers and OpenSSH on 127.0.0.1.
-pytest_plugins = ["tests.store_servers", "tests.sealed_project", "tests.node_world"]
+pytest_plugins = ["tests.helpers.store_servers", "tests.helpers.sealed_project", "tests.helpers.node_world"]
 # No wheelhouse unless a test asks for one (the policy follows a resumed run to its node).
 os.environ.setdefault("BURST_WHEELS", "none")
 # Tests never reach the internet: a package index that a test (or a node it starts) would

@@ -113,8 +113,8 @@ def test_two_nodes_finishing_at_once_both_leave_their_exit_records(tmp_path, mot
     import time
 
     from burst.store import open_store
-    from tests.fault_proxy import FaultProxy, start
-    from tests.store_servers import ACCESS_KEY, SECRET_KEY
+    from tests.helpers.fault_proxy import FaultProxy, start
+    from tests.helpers.store_servers import ACCESS_KEY, SECRET_KEY
 
     proxy = FaultProxy(moto_s3.endpoint, moto_s3.ca_bundle)
     proxy.add("latency", "GET", r"events\.jsonl|/history/", times=None)

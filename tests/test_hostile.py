@@ -36,7 +36,7 @@ from burst.snapshot import retention, sync
 from burst.snapshot.tensors import load_tensors
 from burst.state import capture as state
 from burst.store import LocalStore, open_store
-from tests.store_servers import aws_env
+from tests.helpers.store_servers import aws_env
 
 RUN = "victim"
 

@@ -28,7 +28,7 @@ from burst.errors import StoreError
 from burst.redact import scrub_text, strip_url
 from burst.store import open_store
 from tests.conftest import EXAMPLE
-from tests.store_servers import BUCKET, SSHServer
+from tests.helpers.store_servers import BUCKET, SSHServer
 
 # values made at run time: the test's own source is archived with the run's code, and
 # must not hold them

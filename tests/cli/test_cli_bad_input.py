@@ -23,7 +23,7 @@ from click.testing import CliRunner
 
 from burst.cli import EXIT_INTERNAL, main, options
 from burst.store import retry
-from tests.sky_helpers import run_in_skypilot
+from tests.helpers.sky_helpers import run_in_skypilot
 
 UNREACHABLE = "sftp://127.0.0.1:1/nowhere"  # nothing listens on port 1
 STORE = "{store}"  # each case gets a fresh empty store directory

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from burst.cli import main
 from burst.plan import cards as gpus
 from burst.store import open_store
-from tests.plan_helpers import GIB, manifest, put_manifest
+from tests.helpers.plan_helpers import GIB, manifest, put_manifest
 
 
 @pytest.fixture(autouse=True)

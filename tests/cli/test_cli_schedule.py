@@ -15,7 +15,7 @@ from burst.cli import main
 from burst.deadline import scheduler as sched
 from burst.snapshot import reader as snapshot
 from burst.store import LocalStore
-from tests.schedule_helpers import take
+from tests.helpers.schedule_helpers import take
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 

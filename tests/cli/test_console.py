@@ -8,7 +8,7 @@ from click.testing import CliRunner
 from burst.cli import main
 from burst.cli.console import make_console
 from burst.store import open_store
-from tests.plan_helpers import GIB, manifest, put_manifest
+from tests.helpers.plan_helpers import GIB, manifest, put_manifest
 
 RUN = "a-run-whose-name-is-longer-than-any-terminal-would-leave-room-for-in-a-title-" + "x" * 40
 

@@ -14,8 +14,8 @@ from burst.snapshot import lineage
 from burst.store import LocalStore, open_store
 from burst.store.base import Store
 from burst.training.failure import EXIT_RUNS_UNREADABLE
-from tests.snapshot_helpers import take
-from tests.store_servers import aws_env
+from tests.helpers.snapshot_helpers import take
+from tests.helpers.store_servers import aws_env
 
 
 def damaged_store(store: Store) -> None:

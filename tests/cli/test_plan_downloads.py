@@ -20,8 +20,8 @@ from burst.inputs import chunks
 from burst.plan import cards as gpus
 from burst.resume.node import PULL_EVENT
 from burst.store import open_store
-from tests.env_helpers import tiny_lockfile
-from tests.plan_helpers import GIB, manifest, put_manifest
+from tests.helpers.env_helpers import tiny_lockfile
+from tests.helpers.plan_helpers import GIB, manifest, put_manifest
 
 MB = 10**6
 LOCK = tiny_lockfile(Package("numpy", "2.1.0"), Package("torch", "2.5.1"))

@@ -11,8 +11,8 @@ from burst.cli import main
 from burst.plan import cards as gpus
 from burst.plan import offerings
 from burst.store import open_store
+from tests.helpers.plan_helpers import GIB, manifest, put_manifest
 from tests.plan import skypilot_catalog
-from tests.plan_helpers import GIB, manifest, put_manifest
 
 MIRROR = "docker:registry.cn-beijing.aliyuncs.com/lab/skypilot-gpu:0.14"
 CONFIG = f"""

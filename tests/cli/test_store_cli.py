@@ -15,8 +15,8 @@ from burst.cli import main
 from burst.snapshot import format as fmt
 from burst.snapshot import reader
 from burst.store import LocalStore
-from tests.snapshot_helpers import take
-from tests.store_servers import aws_env, free_port
+from tests.helpers.snapshot_helpers import take
+from tests.helpers.store_servers import aws_env, free_port
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ from datetime import timedelta
 
 from burst import events
 from burst.deadline import policy as rules
-from tests.schedule_helpers import T0, at, fresh_store, piecewise, steady, trace
+from tests.helpers.schedule_helpers import T0, at, fresh_store, piecewise, steady, trace
 
 HOUR = 3600.0
 MARGIN = rules.Margin(override_s=1800)  # 30 minutes to provision, install and restore

@@ -20,7 +20,7 @@ from burst.deadline.handoff import Handoff
 from burst.errors import ConfigError
 from burst.snapshot import lineage
 from burst.store import LocalStore
-from tests.schedule_helpers import T0, FakeClock, fresh_store, recording, steady, trace
+from tests.helpers.schedule_helpers import T0, FakeClock, fresh_store, recording, steady, trace
 
 HOUR = 3600.0
 

@@ -11,7 +11,7 @@ from burst import events
 from burst.deadline import policy as rules
 from burst.deadline import scheduler as sched
 from burst.snapshot import reader as snapshot
-from tests.schedule_helpers import (
+from tests.helpers.schedule_helpers import (
     T0,
     FakeClock,
     at,

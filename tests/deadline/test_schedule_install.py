@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from burst.cli import main
 from burst.deadline import timers as install_timer
 from burst.store import LocalStore
-from tests.schedule_helpers import take
+from tests.helpers.schedule_helpers import take
 
 COMMAND = ["/venv/bin/python", "-m", "burst.cli", "schedule", "run-1", "--once"]
 EVERY = timedelta(minutes=5)

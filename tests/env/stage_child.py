@@ -10,7 +10,7 @@ from pathlib import Path
 from burst.env import stageparts, throttle, wheelhouse
 from burst.env.stager import Stager
 from burst.store import open_store
-from tests.staging_helpers import house_of, small_lock
+from tests.helpers.staging_helpers import house_of, small_lock
 
 TARGET = wheelhouse.Target("3.11", policy="all")
 

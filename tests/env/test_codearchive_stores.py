@@ -9,7 +9,7 @@ from pathlib import Path
 from burst import events
 from burst.env import codearchive
 from burst.store import LocalStore
-from tests.env_helpers import git, make_repo, write
+from tests.helpers.env_helpers import git, make_repo, write
 
 
 def _names(captured: codearchive.Captured, tmp_path: Path) -> list[str]:

@@ -14,7 +14,7 @@ import pytest
 from burst.env import codearchive
 from burst.errors import ConfigError, SnapshotError
 from burst.store import MemoryStore
-from tests.env_helpers import (
+from tests.helpers.env_helpers import (
     CANARY_FILE,
     CANARY_KEY,
     CANARY_REMOTE,

@@ -16,7 +16,7 @@ from burst import events
 from burst.env import codearchive, freeze, lockfile
 from burst.snapshot import reader as snapshot
 from burst.store import LocalStore, MemoryStore
-from tests.env_helpers import make_repo
+from tests.helpers.env_helpers import make_repo
 
 
 @pytest.fixture(autouse=True)

@@ -17,7 +17,7 @@ from burst.env.lockfile import Lockfile, Package
 from burst.env.torchvariant import Target
 from burst.errors import ConfigError
 from burst.store import open_store
-from tests.env_helpers import build_wheel, make_repo, tiny_lockfile, tree
+from tests.helpers.env_helpers import build_wheel, make_repo, tiny_lockfile, tree
 
 OFFLINE = ["--no-index", "--installer", "pip", "--cpu"]
 

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 
 from burst.cli import main
 from burst.redact import is_secret_path, scrub_text, strip_url
-from tests.env_helpers import CANARY_FILE, CANARY_KEY, CANARY_REMOTE, make_repo
+from tests.helpers.env_helpers import CANARY_FILE, CANARY_KEY, CANARY_REMOTE, make_repo
 
 ENV_CANARIES = {
     "MY_API_TOKEN": "CANARY-env-value-1d9e",

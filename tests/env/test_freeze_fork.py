@@ -21,7 +21,7 @@ import burst
 from burst.env import codearchive, freeze, spawn
 from burst.snapshot import reader as snapshot
 from burst.store import LocalStore, MemoryStore
-from tests.env_helpers import make_repo, write
+from tests.helpers.env_helpers import make_repo, write
 
 ROUNDS = 8
 FORKS_PER_ROUND = 40  # at most: each lives until the end of the test

@@ -22,8 +22,8 @@ from burst.store.local import LocalStore
 from burst.supervise.exporter import BurstCollector
 from burst.training.metrics import LiveFigures
 from tests.conftest import EXAMPLE, ROOT
-from tests.snapshot_helpers import take
-from tests.store_servers import ACCESS_KEY, SECRET_KEY, free_port
+from tests.helpers.snapshot_helpers import take
+from tests.helpers.store_servers import ACCESS_KEY, SECRET_KEY, free_port
 from tests.supervise.test_exporter import query, samples, start_prometheus, wait_for
 
 WAITING = [Pending("code", 1, 3_000_000), Pending("wheelhouse", 4, 12_000_000)]

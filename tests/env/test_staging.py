@@ -20,8 +20,8 @@ from burst.errors import ConfigError
 from burst.snapshot import traffic
 from burst.store import open_store
 from tests.conftest import ROOT
-from tests.staging_helpers import house_of, small_lock, synthetic_wheel
-from tests.store_servers import aws_env
+from tests.helpers.staging_helpers import house_of, small_lock, synthetic_wheel
+from tests.helpers.store_servers import aws_env
 
 TARGET = wheelhouse.Target("3.11", policy="all")
 
@@ -141,7 +141,7 @@ def test_a_snapshot_upload_marks_the_uplink_busy_and_measures_it(s3, tmp_path):
 
     from burst.snapshot.upload import UploadQueue
     from burst.store.local import LocalStore
-    from tests.snapshot_helpers import take
+    from tests.helpers.snapshot_helpers import take
 
     local = LocalStore(tmp_path / "tier")
     take(local, 1, {"w": torch.randn(600_000)})  # 2.4 MB: enough to be measured
@@ -265,7 +265,7 @@ def test_after_pre_staging_a_burst_uploads_only_the_newest_snapshots_new_blobs(s
     from burst.snapshot import sync
     from burst.store.local import LocalStore
     from tests.env.stage_child import Recording
-    from tests.snapshot_helpers import take
+    from tests.helpers.snapshot_helpers import take
 
     context, _ = wheels_context(tmp_path, {"burst-failover": 20_000, "dep": 80_000})
     root = project(tmp_path)

@@ -48,7 +48,7 @@ def test_the_environment_is_read_as_a_choice():
 
 
 def test_push_without_flags_keeps_the_choice_recorded_before(store):
-    from tests.env_helpers import tiny_lockfile
+    from tests.helpers.env_helpers import tiny_lockfile
 
     wheelchoice.record(store, "run", Choice("no-torch"))
     target = wheelchoice.choose(store, "run", tiny_lockfile(), Choice(), local=False,

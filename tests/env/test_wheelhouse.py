@@ -27,8 +27,8 @@ from burst.env import lockfile, wheelhouse
 from burst.env.lockfile import Package
 from burst.env.torchvariant import Target as Card
 from burst.store import MemoryStore, open_store
-from tests.env_helpers import build_wheel, tiny_lockfile
-from tests.store_servers import aws_env, free_port
+from tests.helpers.env_helpers import build_wheel, tiny_lockfile
+from tests.helpers.store_servers import aws_env, free_port
 
 APP, DEP = "burst-wh-app", "burst-wh-dep"
 

@@ -14,7 +14,7 @@ from burst.env import wheelhouse
 from burst.errors import StoreError
 from burst.store import open_store
 from burst.store.retry import RetryPolicy
-from tests.fault_proxy import FaultProxy
+from tests.helpers.fault_proxy import FaultProxy
 
 PART = 5 << 20
 FAST = RetryPolicy(attempts=2, base=0.05, cap=0.1)
@@ -23,7 +23,7 @@ DIGEST = "cd" * 32
 
 @pytest.fixture
 def proxy(seaweed_proxy: tuple[FaultProxy, str]) -> tuple[FaultProxy, str]:
-    return seaweed_proxy  # tests/store_servers.py: SeaweedFS behind a fresh fault proxy
+    return seaweed_proxy  # tests/helpers/store_servers.py: SeaweedFS behind a fresh fault proxy
 
 
 def synthetic_wheel(root: Path, name: str, size: int) -> wheelhouse.Wheel:

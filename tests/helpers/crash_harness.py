@@ -1,6 +1,6 @@
 """The crash matrix's worker: one process that forks a child per kill point.
 
-Run as ``python -m tests.crash_harness --endpoint URL --work DIR --shard 0/2 --out F``.
+Run as ``python -m tests.helpers.crash_harness --endpoint URL --work DIR --shard 0/2 --out F``.
 The parent imports torch, boto3 and burst once and starts no thread, then for each kill
 point forks a child that arms :mod:`burst.killpoints` and runs the workload until it
 SIGKILLs itself; another forked child then checks what the crash left. Forking keeps a

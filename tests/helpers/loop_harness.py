@@ -1,7 +1,7 @@
 """The own-loop crash tests' worker: one example script, SIGKILLed at five points.
 
-Run as ``python -m tests.loop_harness --script nanogpt --work DIR --out F``. Like
-``tests/crash_harness.py``, the parent imports torch and burst once and starts no thread,
+Run as ``python -m tests.helpers.loop_harness --script nanogpt --work DIR --out F``. Like
+``tests/helpers/crash_harness.py``, the parent imports torch and burst once and starts no thread,
 then forks a child for each run of the script (its ``main``, with the run's environment):
 a fresh interpreter per run would cost seconds, a fork tens of milliseconds. A child
 killed by a ``BURST_FAULT`` drill or a ``BURST_KILLPOINT`` dies by SIGKILL, as the OOM
@@ -30,7 +30,7 @@ os.environ.setdefault("PYTHONHASHSEED", "0")
 
 import torch
 
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
 
 @dataclass(frozen=True)

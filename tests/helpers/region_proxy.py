@@ -25,7 +25,7 @@ from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 
-from tests.loopback_http import Served, answer
+from tests.helpers.loopback_http import Served, answer
 
 _AUTH = re.compile(r"AWS4-HMAC-SHA256 Credential=([^/]+)/(\d{8})/([^/]+)/s3/aws4_request, "
                    r"SignedHeaders=([^,]+), Signature=([0-9a-f]+)")

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler
 from urllib.parse import parse_qs
 
-from tests.loopback_http import Served
+from tests.helpers.loopback_http import Served
 
 ROLE = "burst-node-role"
 ROLE_ARN = "arn:aws:iam::123456789012:role/burst-node-role"

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta, timezone
 from burst import events
 from burst.store import MemoryStore
 from burst.store.base import Store
-from tests import snapshot_helpers
+from tests.helpers import snapshot_helpers
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 

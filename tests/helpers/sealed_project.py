@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT, assert_same, step_records
-from tests.store_servers import ACCESS_KEY, SECRET_KEY, free_port
+from tests.helpers.store_servers import ACCESS_KEY, SECRET_KEY, free_port
 
 PY = sys.executable
 ARGS = ("--samples", "64", "--epochs", "2")

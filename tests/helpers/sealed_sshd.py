@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from burst.launch import sealed
-from tests.store_servers import free_port, wait_until
+from tests.helpers.store_servers import free_port, wait_until
 
 SSHD = "/usr/sbin/sshd"
 USER = "root"

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from tests.fault_proxy import FaultProxy, start
+from tests.helpers.fault_proxy import FaultProxy, start
 
 ACCESS_KEY, SECRET_KEY = "burst-test-key", "burst-test-secret"
 BUCKET = "burst"

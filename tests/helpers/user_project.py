@@ -1,5 +1,5 @@
 """A real user's project, as a new user brings it (issue 29's test world), for the sealed
-end-to-end tests: unlike ``tests/sealed_project.py``'s, its data is not synthesised in the
+end-to-end tests: unlike ``tests/helpers/sealed_project.py``'s, its data is not synthesised in the
 script, and its interpreter is not ours.
 
 - ``$HOME`` is a directory of the test's (the user's home): the training data lives outside

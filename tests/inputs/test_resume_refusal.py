@@ -11,7 +11,7 @@ from burst.cli import main
 from burst.env import lockfile
 from burst.inputs import part
 from burst.store import open_store
-from tests.plan_helpers import manifest, put_manifest
+from tests.helpers.plan_helpers import manifest, put_manifest
 
 
 def test_burst_resume_refuses_an_input_that_cannot_be_shipped_in_one_line(tmp_path):

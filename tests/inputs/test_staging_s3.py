@@ -13,7 +13,7 @@ import pytest
 from burst.errors import ConfigError
 from burst.inputs import chunks, part
 from burst.store import open_store
-from tests.store_servers import aws_env
+from tests.helpers.store_servers import aws_env
 
 
 class CountingStore:

@@ -17,7 +17,7 @@ from burst.errors import BurstError
 from burst.launch import Reporter
 from burst.launch.ssh import SSHLauncher, Target
 from burst.launch.task import parse
-from tests.store_servers import SSHServer, free_port, stop, wait_until
+from tests.helpers.store_servers import SSHServer, free_port, stop, wait_until
 
 TASK = """
 name: burst-ssh-hops

@@ -17,7 +17,7 @@ from burst.plan.cards import builtin
 from burst.plan.planner import Plan, Target
 from burst.plan.regions import place
 from burst.training.failure import EXIT_GPU_FAILURE, EXIT_OOM, EXIT_STOPPED
-from tests.sky_helpers import sky_view
+from tests.helpers.sky_helpers import sky_view
 
 
 def candidate(card: str, infra: str | None, spot: bool) -> Plan:

@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from burst.parallel.pieces import capture_rank, owners
 from burst.snapshot import tree as tree_mod
 from burst.state import capture as state_mod
-from tests.store_servers import free_port
+from tests.helpers.store_servers import free_port
 
 WORLD = 2
 

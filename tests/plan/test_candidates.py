@@ -8,7 +8,7 @@ from burst.errors import ConfigError
 from burst.plan import cards as gpus
 from burst.plan import regions
 from burst.plan.planner import Options, PlanError, candidates, choose
-from tests.plan_helpers import facts
+from tests.helpers.plan_helpers import facts
 
 CATALOG = gpus.builtin()
 CARDS = [CATALOG.get(n) for n in ("L4", "A100", "A100-80GB", "H100")]

@@ -6,7 +6,7 @@ import pytest
 
 from burst.errors import SnapshotError
 from burst.plan import facts
-from tests.plan_helpers import manifest
+from tests.helpers.plan_helpers import manifest
 
 
 def snap(step: int, time: str) -> dict:

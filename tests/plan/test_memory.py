@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from burst.errors import SnapshotError
 from burst.plan import memory
 from burst.state import capture as state_mod
-from tests.plan_helpers import GIB, manifest, tensor_index
+from tests.helpers.plan_helpers import GIB, manifest, tensor_index
 
 STATIC = memory.Static(params=2 * GIB, grads=2 * GIB, optimizer=4 * GIB)
 

@@ -7,9 +7,9 @@ import pytest
 from burst.plan import cards as gpus
 from burst.plan import offered, offerings, regions
 from burst.plan.planner import rank
+from tests.helpers.plan_helpers import facts
+from tests.helpers.sky_helpers import run_in_skypilot
 from tests.plan import skypilot_catalog
-from tests.plan_helpers import facts
-from tests.sky_helpers import run_in_skypilot
 
 CATALOG = gpus.builtin()
 RUN = facts(static_gib=4, slope_gib=0.5, global_batch=64)

@@ -8,7 +8,7 @@ from burst.errors import ConfigError
 from burst.plan import cards as gpus
 from burst.plan.planner import Options, PlanError, Target, check_split, micro_batches, plan_for
 from burst.state.amp import parse_amp
-from tests.plan_helpers import GIB, facts
+from tests.helpers.plan_helpers import GIB, facts
 
 CATALOG = gpus.builtin()
 

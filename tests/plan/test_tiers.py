@@ -8,8 +8,8 @@ from burst.errors import ConfigError
 from burst.plan import cards as gpus
 from burst.plan import regions
 from burst.plan.planner import Options, candidates
-from tests.plan_helpers import facts
-from tests.sky_helpers import sky_view
+from tests.helpers.plan_helpers import facts
+from tests.helpers.sky_helpers import sky_view
 
 CATALOG = gpus.builtin()
 RUN = facts(static_gib=4, slope_gib=0.5, global_batch=64)

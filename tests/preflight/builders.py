@@ -9,7 +9,7 @@ from pathlib import Path
 from burst.env import lockfile, wheelhouse
 from burst.env.lockfile import Package
 from burst.store.base import Store
-from tests.env_helpers import build_wheel, tiny_lockfile
+from tests.helpers.env_helpers import build_wheel, tiny_lockfile
 
 
 def frozen_run(store: Store, run_id: str, tmp: Path) -> list[wheelhouse.Wheel]:

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.store_servers import (
+from tests.helpers.store_servers import (
     ACCESS_KEY,
     BIN,
     BUCKET,
@@ -84,7 +84,7 @@ def store_env(monkeypatch: pytest.MonkeyPatch, server: S3Server, tmp: Path,
               read_only: bool = False) -> None:
     """The store's settings as BURST_* variables and a key in the environment, nothing else
     (no config file, no profile, no home): what a user's shell would hold."""
-    from tests.store_servers import aws_env
+    from tests.helpers.store_servers import aws_env
 
     aws_env(monkeypatch)
     if read_only:

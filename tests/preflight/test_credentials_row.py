@@ -9,7 +9,7 @@ import pytest
 
 from burst.preflight.credentials import EXPIRY_ENV, credentials_row
 from burst.preflight.table import FAIL, OK, SKIP, WARN
-from tests.store_servers import aws_env
+from tests.helpers.store_servers import aws_env
 
 UTC = timezone.utc
 HORIZON = timedelta(hours=10)

@@ -9,8 +9,8 @@ from burst.deadline import policy as rules
 from burst.deadline import scheduler as sched
 from burst.preflight.check import for_schedule
 from burst.store import open_store
-from tests.plan_helpers import manifest, put_manifest
-from tests.schedule_helpers import T0, FakeClock, recording
+from tests.helpers.plan_helpers import manifest, put_manifest
+from tests.helpers.schedule_helpers import T0, FakeClock, recording
 
 
 def scheduler(preflight, backup=None):

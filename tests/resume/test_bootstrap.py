@@ -24,7 +24,7 @@ import pytest
 
 from burst.resume import bootstrap
 from burst.store import open_store
-from tests.store_servers import ACCESS_KEY, SECRET_KEY, aws_env, free_port
+from tests.helpers.store_servers import ACCESS_KEY, SECRET_KEY, aws_env, free_port
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 SOURCE = Path(bootstrap.__file__)
@@ -297,7 +297,7 @@ def test_a_node_whose_python3_is_3_6_gets_one_line_not_a_syntax_error(tmp_path):
 
 
 def test_one_flaky_get_in_setup_is_retried_in_place(tmp_path, wheels, seaweed, s3_store):
-    from tests.fault_proxy import FaultProxy, start
+    from tests.helpers.fault_proxy import FaultProxy, start
 
     publish(s3_store, wheels)
     proxy = FaultProxy(seaweed.endpoint, seaweed.ca_bundle)

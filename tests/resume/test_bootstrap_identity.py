@@ -4,8 +4,8 @@ that refuses anonymous reads, read with the node's own role credentials from a m
 service (AWS IMDSv2, Alibaba's ECS RAM role) or a web-identity token through STS.
 
 The bucket is SeaweedFS's (it checks every signature and refuses anonymous reads);
-:mod:`tests.region_proxy` stands in front of it as AWS's region and IAM checks, and
-:mod:`tests.role_metadata` is the metadata service and STS, all on 127.0.0.1. The
+:mod:`tests.helpers.region_proxy` stands in front of it as AWS's region and IAM checks, and
+:mod:`tests.helpers.role_metadata` is the metadata service and STS, all on 127.0.0.1. The
 bootstrap runs as the task runs it (a copy, the system python, a clean environment).
 """
 
@@ -20,7 +20,9 @@ import pytest
 
 from burst.resume import bootstrap
 from burst.store.settings import METADATA_URL_ENV, OPTIONS
-from tests.region_proxy import RegionProxy
+from tests.helpers.region_proxy import RegionProxy
+from tests.helpers.role_metadata import ROLE_ARN, WEB_TOKEN, RoleMetadata
+from tests.helpers.store_servers import ACCESS_KEY, BUCKET, SECRET_KEY, aws_env, free_port
 from tests.resume.test_bootstrap import (
     assert_installed,
     build_wheel,
@@ -29,8 +31,6 @@ from tests.resume.test_bootstrap import (
     run_bootstrap,
     seaweed_env,
 )
-from tests.role_metadata import ROLE_ARN, WEB_TOKEN, RoleMetadata
-from tests.store_servers import ACCESS_KEY, BUCKET, SECRET_KEY, aws_env, free_port
 
 ROLE_KEY, ROLE_SECRET, ROLE_TOKEN = "ASIAROLEKEYFORNODE", "role-secret", "role-session-token"
 

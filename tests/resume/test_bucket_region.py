@@ -1,6 +1,6 @@
 """``burst resume`` asks S3 where the bucket lives and the task carries that region.
 
-The endpoint is :mod:`tests.region_proxy` in front of moto: it answers as AWS does, 400
+The endpoint is :mod:`tests.helpers.region_proxy` in front of moto: it answers as AWS does, 400
 ``AuthorizationHeaderMalformed`` naming the bucket's region for a request signed for
 another, and HeadBucket's ``x-amz-bucket-region``. This machine's store is configured for
 ``us-east-1``; the bucket is in ``eu-central-1``.
@@ -15,9 +15,9 @@ from burst.resume import bucket_region
 from burst.resume.handoff import Request, prepare
 from burst.store import open_store
 from burst.store.s3 import bucket_region as asked_region
-from tests.plan_helpers import GIB, manifest, put_manifest
-from tests.region_proxy import RegionProxy
-from tests.store_servers import ACCESS_KEY, SECRET_KEY, aws_env
+from tests.helpers.plan_helpers import GIB, manifest, put_manifest
+from tests.helpers.region_proxy import RegionProxy
+from tests.helpers.store_servers import ACCESS_KEY, SECRET_KEY, aws_env
 
 HOME = "eu-central-1"
 

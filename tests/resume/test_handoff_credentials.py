@@ -15,7 +15,7 @@ from burst.errors import ConfigError
 from burst.launch.task import NodeSoftware
 from burst.resume.handoff import Request, prepare, secret_values, task_envs
 from burst.store import open_store
-from tests.plan_helpers import GIB, manifest, put_manifest
+from tests.helpers.plan_helpers import GIB, manifest, put_manifest
 
 KEYS = {"AWS_ACCESS_KEY_ID": "AKIAKEYTHATLASTS0001", "AWS_SECRET_ACCESS_KEY": "long-lived-secret"}
 

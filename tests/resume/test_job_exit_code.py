@@ -18,8 +18,8 @@ from burst.plan import planner
 from burst.resume import handoff
 from burst.resume.status import job_exit_code, now, where
 from burst.store import open_store
-from tests.plan_helpers import GIB, manifest, put_manifest
-from tests.store_servers import aws_env
+from tests.helpers.plan_helpers import GIB, manifest, put_manifest
+from tests.helpers.store_servers import aws_env
 
 
 def fake_sky(tail_logs) -> types.ModuleType:

@@ -20,8 +20,8 @@ from burst import events
 from burst.launch.task import RECOVER_ON, SKYPILOT_MAX_RESTARTS
 from burst.resume import node, restarts
 from burst.store import open_store
-from tests.snapshot_helpers import take
-from tests.store_servers import aws_env
+from tests.helpers.snapshot_helpers import take
+from tests.helpers.store_servers import aws_env
 
 RUN = "bounded"
 

@@ -18,7 +18,7 @@ import pytest
 
 from burst import events
 from burst.store import open_store
-from tests.snapshot_helpers import take
+from tests.helpers.snapshot_helpers import take
 
 pytestmark = pytest.mark.e2e
 

@@ -23,8 +23,8 @@ from burst.plan import planner
 from burst.plan.replan import replan
 from burst.resume.handoff import PER_TIER
 from burst.store import open_store
-from tests.plan_helpers import GIB, manifest, put_manifest
-from tests.sky_helpers import sky_infra, sky_view
+from tests.helpers.plan_helpers import GIB, manifest, put_manifest
+from tests.helpers.sky_helpers import sky_infra, sky_view
 
 CANARY = {"AWS_ACCESS_KEY_ID": "AKIACANARY0000000001",
           "AWS_SECRET_ACCESS_KEY": "canary-secret-value-do-not-leak-1",

@@ -25,7 +25,7 @@ import pytest
 from burst import events
 from burst.store import open_store
 from tests.conftest import EXAMPLE, assert_same, step_records
-from tests.store_servers import aws_env
+from tests.helpers.store_servers import aws_env
 
 pytestmark = pytest.mark.e2e
 ARGS = ("--samples", "64", "--epochs", "2", "--flush")

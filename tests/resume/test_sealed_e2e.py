@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.sealed_project import (
+from tests.helpers.sealed_project import (
     ARGS,
     STORE_NAME,
     assert_resumed_bitwise,

@@ -25,7 +25,7 @@ from burst.launch import Reporter, sealed
 from burst.launch.local import Faults, LocalLauncher
 from burst.launch.task import parse
 from tests.conftest import ROOT
-from tests.store_servers import BUCKET
+from tests.helpers.store_servers import BUCKET
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="sealing needs root namespaces")
 

@@ -1,7 +1,7 @@
 """Issue 15's acceptance through SSH: a killed run resumes on a sealed box that has only the
 store, reached with ``burst resume RUN --to ssh://root@127.0.0.1:PORT``.
 
-The box is a real OpenSSH server in a sealed root (tests/sealed_sshd.py): the system's
+The box is a real OpenSSH server in a sealed root (tests/helpers/sealed_sshd.py): the system's
 ``/usr``, ``/lib*`` and ``/etc`` read-only, nothing else of this machine, a network with
 only ``lo`` where the store's port is relayed out and the SSH port in, so every package
 index is unreachable for real. The project, training script and uninterrupted reference
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.sealed_project import (
+from tests.helpers.sealed_project import (
     ARGS,
     PY,
     STORE_NAME,
@@ -36,8 +36,8 @@ from tests.sealed_project import (
     environment,
     make_project,
 )
-from tests.sealed_sshd import problem, sealed_sshd
-from tests.store_servers import BUCKET
+from tests.helpers.sealed_sshd import problem, sealed_sshd
+from tests.helpers.store_servers import BUCKET
 
 pytestmark = [pytest.mark.e2e,
               pytest.mark.skipif(os.geteuid() != 0, reason="a sealed box needs root")]

@@ -1,4 +1,4 @@
-"""The sealed SSH box of tests/sealed_sshd.py is what it claims: a login over a port relayed
+"""The sealed SSH box of tests/helpers/sealed_sshd.py is what it claims: a login over a port relayed
 into its network (:class:`burst.launch.sealed.Inbound`) onto a root that holds nothing of
 this machine, whose network reaches only the ports it was given. Quick (a few seconds), so
 a broken box shows here before the minutes-long end-to-end test through it."""
@@ -14,8 +14,8 @@ import paramiko
 import pytest
 
 from tests.conftest import ROOT
-from tests.sealed_sshd import SealedBox, problem, sealed_sshd
-from tests.store_servers import free_port
+from tests.helpers.sealed_sshd import SealedBox, problem, sealed_sshd
+from tests.helpers.store_servers import free_port
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from tests.conftest import ROOT, assert_same
-from tests.sealed_project import PY, environment, kill_then_resume
+from tests.helpers.sealed_project import PY, environment, kill_then_resume
 
 pytest.importorskip("transformers")
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500),  # the node installs transformers

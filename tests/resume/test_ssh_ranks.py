@@ -24,6 +24,7 @@ import pytest
 from burst import events
 from burst.snapshot import reader as snapshot
 from burst.store import open_store
+from tests.helpers.store_servers import aws_env
 from tests.parallel.test_scale_out import (
     EXAMPLE,
     KILL_AT,
@@ -34,7 +35,6 @@ from tests.parallel.test_scale_out import (
     resumed_from,
     steps,
 )
-from tests.store_servers import aws_env
 
 pytestmark = pytest.mark.e2e
 PY = sys.executable

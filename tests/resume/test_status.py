@@ -13,7 +13,7 @@ from burst.cli import main
 from burst.resume import status
 from burst.resume.status import run_status
 from burst.store import open_store
-from tests.plan_helpers import manifest, put_manifest
+from tests.helpers.plan_helpers import manifest, put_manifest
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 

@@ -1,6 +1,6 @@
 """Issue 29's acceptance test: a real user's project resumes in a sealed node, data and all.
 
-The project (``tests/user_project.py``) is a git repository with its own ``.venv``, a
+The project (``tests/helpers/user_project.py``) is a git repository with its own ``.venv``, a
 gitignored ``data/`` folder, its data set under ``$HOME/data`` (a memmapped token file and
 a folder of shards) and pretrained weights in a Hugging Face style cache under
 ``$HOME/.cache``. It trains with the venv's interpreter named by its absolute path against
@@ -23,14 +23,14 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.sealed_project import (
+from tests.helpers.sealed_project import (
     PY,
     STORE_NAME,
     assert_resumed_bitwise,
     assert_trained_in_node_venv,
     environment,
 )
-from tests.user_project import make_home, make_project, python_of, reference, train_args
+from tests.helpers.user_project import make_home, make_project, python_of, reference, train_args
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(1500),  # a node's whole setup, loaded
               pytest.mark.skipif(os.geteuid() != 0, reason="a sealed node needs root")]

@@ -23,8 +23,8 @@ from burst.cli import main
 from burst.env import lockfile, wheelchoice
 from burst.env.lockfile import Package
 from burst.store import open_store
-from tests.env_helpers import build_wheel, tiny_lockfile
-from tests.store_servers import aws_env, free_port
+from tests.helpers.env_helpers import build_wheel, tiny_lockfile
+from tests.helpers.store_servers import aws_env, free_port
 
 pytestmark = pytest.mark.e2e
 TORCH = "2.5.1+cpu"

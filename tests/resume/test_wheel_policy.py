@@ -12,8 +12,8 @@ from burst.env.wheelchoice import Choice
 from burst.errors import ConfigError
 from burst.plan import cards, planner, regions
 from burst.resume.wheelpolicy import decide
-from tests.env_helpers import tiny_lockfile
-from tests.plan_helpers import facts
+from tests.helpers.env_helpers import tiny_lockfile
+from tests.helpers.plan_helpers import facts
 
 LOCK = tiny_lockfile(Package("numpy", "2.1.0"), Package("torch", "2.5.1"))
 BEIJING = {"beijing": {"kubernetes": ["bj-a100"], "ssh": ["bj-lab"]}}

@@ -14,7 +14,7 @@ from burst.snapshot import reader, sync
 from burst.snapshot.tensors import load_tensors
 from burst.store import LocalStore, MemoryStore, TransientStoreError
 from burst.store.retry import RetryPolicy
-from tests.snapshot_helpers import take
+from tests.helpers.snapshot_helpers import take
 
 FAST = RetryPolicy(attempts=3, base=0.001, cap=0.001)
 

@@ -12,9 +12,9 @@ from burst.snapshot import damaged, reader
 from burst.snapshot import format as fmt
 from burst.snapshot.tensors import load_tensors
 from burst.store import LocalStore, open_store
+from tests.helpers.snapshot_helpers import take
+from tests.helpers.store_servers import BUCKET, aws_env
 from tests.snapshot.test_snapshot_hash import corrupt_one_blob
-from tests.snapshot_helpers import take
-from tests.store_servers import BUCKET, aws_env
 
 
 def state() -> dict[str, torch.Tensor]:

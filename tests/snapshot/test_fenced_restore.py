@@ -11,8 +11,8 @@ from burst import events
 from burst.errors import BurstError
 from burst.snapshot import reader
 from burst.store import LocalStore, open_store
+from tests.helpers.store_servers import aws_env
 from tests.snapshot.test_lineage_run import train
-from tests.store_servers import aws_env
 
 
 @pytest.fixture

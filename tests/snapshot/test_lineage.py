@@ -12,7 +12,7 @@ from burst.snapshot import lineage, reader, sync
 from burst.snapshot.lineage import FencedError
 from burst.snapshot.tiers import Captured, write_snapshot
 from burst.store import LocalStore, open_store
-from tests.store_servers import aws_env
+from tests.helpers.store_servers import aws_env
 
 
 def snap(store, step: int, launch: lineage.Lineage | dict | None) -> dict:

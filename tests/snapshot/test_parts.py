@@ -18,7 +18,7 @@ from burst.snapshot import reader, retention, shards
 from burst.snapshot.parts import Box, commit_parts, write_part
 from burst.snapshot.tiers import Captured, Tiers, write_snapshot
 from burst.store import open_store
-from tests.store_servers import ACCESS_KEY, SECRET_KEY, aws_env
+from tests.helpers.store_servers import ACCESS_KEY, SECRET_KEY, aws_env
 
 RUN = "run"
 ROOT = Path(__file__).resolve().parents[2]

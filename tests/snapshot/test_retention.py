@@ -19,7 +19,7 @@ from burst.snapshot import format as fmt
 from burst.snapshot import reader, retention, sync
 from burst.snapshot.upload import UploadQueue
 from burst.store import LocalStore, MemoryStore
-from tests.snapshot_helpers import take
+from tests.helpers.snapshot_helpers import take
 
 
 def state(step: int) -> dict[str, torch.Tensor]:

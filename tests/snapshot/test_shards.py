@@ -19,7 +19,7 @@ from burst.snapshot.shards import BlobCache, read_region, read_whole
 from burst.snapshot.tensors import dtype_name, load_tensors, pull_tensors, tensor_bytes
 from burst.store import open_store
 from burst.store.local import LocalStore
-from tests.store_servers import aws_env
+from tests.helpers.store_servers import aws_env
 
 RUN = "run"
 ROWS, COLS = 4096, 1024  # float32: 16 MiB, four row shards of 4 MiB

@@ -19,7 +19,7 @@ from burst.snapshot import reader, sync
 from burst.snapshot.tensors import load_tensors
 from burst.store import LocalStore, MemoryStore
 from tests.cli.test_cli_core import invoke, one_line_error
-from tests.snapshot_helpers import take
+from tests.helpers.snapshot_helpers import take
 
 HASHERS = {fmt.SHA256: hashlib.sha256, fmt.BLAKE3: blake3.blake3}
 

@@ -24,7 +24,7 @@ from burst.snapshot import retention
 from burst.snapshot.parts import Box, rank_marker_key, write_part
 from burst.store import LocalStore, open_store
 from burst.store.sftp import CHUNK
-from tests.snapshot_helpers import take
+from tests.helpers.snapshot_helpers import take
 
 RUN = "run"
 DIGEST = "ab" * 32

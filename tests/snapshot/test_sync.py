@@ -11,8 +11,8 @@ from burst.snapshot import reader, sync
 from burst.snapshot.tensors import load_tensors
 from burst.store import LocalStore, MemoryStore, open_store
 from burst.store.retry import RetryPolicy
-from tests.snapshot_helpers import take
-from tests.store_servers import aws_env
+from tests.helpers.snapshot_helpers import take
+from tests.helpers.store_servers import aws_env
 
 FAST = RetryPolicy(attempts=3, base=0.001, cap=0.001)
 

@@ -1,6 +1,6 @@
 """The parallel, verifying pull: ranged GETs into the local tier, hashed as parts land.
 
-A real SeaweedFS behind ``tests/fault_proxy.py``: the proxy's log shows which GETs were
+A real SeaweedFS behind ``tests/helpers/fault_proxy.py``: the proxy's log shows which GETs were
 made (ranged parts of one blob), and its faults cut or garble single parts. What landed is
 checked directly in the local tier: every blob verified, a snapshot complete or absent.
 """
@@ -20,8 +20,8 @@ from burst.snapshot.tensors import load_tensors, pull_tensors
 from burst.store import LocalStore, MemoryStore, open_store
 from burst.store.retry import RetryPolicy
 from burst.store.s3 import S3Store
-from tests.fault_proxy import FaultProxy
-from tests.store_servers import S3Server
+from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.store_servers import S3Server
 
 RUN = "pull"
 FAST = RetryPolicy(attempts=4, base=0.01, cap=0.05)
@@ -31,7 +31,7 @@ BIG = (PART + PART // 2) // 4  # float32s: one blob of one and a half parts
 
 @pytest.fixture
 def proxy(seaweed_proxy: tuple[FaultProxy, str]) -> tuple[FaultProxy, str]:
-    return seaweed_proxy  # tests/store_servers.py: SeaweedFS behind a fresh fault proxy
+    return seaweed_proxy  # tests/helpers/store_servers.py: SeaweedFS behind a fresh fault proxy
 
 
 def tensors(step: int) -> dict[str, torch.Tensor]:

@@ -13,7 +13,7 @@ from burst.snapshot import reader
 from burst.snapshot.upload import UploadQueue
 from burst.store import LocalStore, MemoryStore, TransientStoreError
 from burst.store.retry import RetryPolicy, retry
-from tests.snapshot_helpers import take
+from tests.helpers.snapshot_helpers import take
 
 FAST = RetryPolicy(attempts=4, base=0.001, cap=0.001)
 

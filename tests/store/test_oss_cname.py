@@ -13,8 +13,8 @@ from burst.errors import ConfigError, StoreError
 from burst.resume import bootstrap
 from burst.store import open_store
 from burst.store.oss import public_endpoint
-from tests.cname_proxy import CnameProxy
-from tests.store_servers import ACCESS_KEY, BUCKET, SECRET_KEY, aws_env
+from tests.helpers.cname_proxy import CnameProxy
+from tests.helpers.store_servers import ACCESS_KEY, BUCKET, SECRET_KEY, aws_env
 
 
 @pytest.fixture

@@ -10,9 +10,9 @@ import pytest
 from burst.store import open_store
 from burst.store.ramrole import EcsRamRole
 from burst.store.settings import METADATA_URL_ENV
-from tests.region_proxy import RegionProxy
-from tests.role_metadata import RoleMetadata
-from tests.store_servers import ACCESS_KEY, BUCKET, SECRET_KEY, aws_env, free_port
+from tests.helpers.region_proxy import RegionProxy
+from tests.helpers.role_metadata import RoleMetadata
+from tests.helpers.store_servers import ACCESS_KEY, BUCKET, SECRET_KEY, aws_env, free_port
 
 ROLE_KEY, ROLE_SECRET, ROLE_TOKEN = "STS.NodeRoleKey", "ram-role-secret", "ram-role-token"
 

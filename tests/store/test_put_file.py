@@ -15,8 +15,8 @@ from burst.errors import StoreError
 from burst.store import open_store
 from burst.store.files import upload_files
 from burst.store.retry import RetryPolicy
-from tests.fault_proxy import FaultProxy
-from tests.store_servers import aws_env
+from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.store_servers import aws_env
 
 PART = 5 << 20  # S3's smallest part: a 23 MiB file goes up in 5 parts
 PART_PUT = r"[?&]partNumber=(\d+)"
@@ -25,7 +25,7 @@ FAST = RetryPolicy(attempts=2, base=0.05, cap=0.1)
 
 @pytest.fixture
 def proxy(seaweed_proxy: tuple[FaultProxy, str]) -> tuple[FaultProxy, str]:
-    return seaweed_proxy  # tests/store_servers.py: SeaweedFS behind a fresh fault proxy
+    return seaweed_proxy  # tests/helpers/store_servers.py: SeaweedFS behind a fresh fault proxy
 
 
 def a_file(tmp_path: Path, size: int, name: str = "big.whl") -> tuple[Path, bytes]:

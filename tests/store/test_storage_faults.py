@@ -1,6 +1,6 @@
 """Storage faults: a broken network in front of a real S3 server, and a full disk.
 
-Every transfer runs through ``tests/fault_proxy.py`` in front of SeaweedFS. Whatever the
+Every transfer runs through ``tests/helpers/fault_proxy.py`` in front of SeaweedFS. Whatever the
 fault, a push or pull either finishes with every byte right (checked directly against
 the server, not through the proxy) or fails with a one-line ``BurstError``; a manifest is
 never committed for a snapshot whose blobs are not all there and intact.
@@ -28,9 +28,9 @@ from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore, open_store
 from burst.store.retry import RetryPolicy
 from burst.store.s3 import S3Store
-from tests.env_helpers import build_wheel, tiny_lockfile
-from tests.fault_proxy import FaultProxy
-from tests.store_servers import S3Server, aws_env
+from tests.helpers.env_helpers import build_wheel, tiny_lockfile
+from tests.helpers.fault_proxy import FaultProxy
+from tests.helpers.store_servers import S3Server, aws_env
 
 RUN = "faulty"
 FAST = RetryPolicy(attempts=6, base=0.05, cap=0.3)
@@ -41,7 +41,7 @@ MANIFESTS = r"/snapshots/\d+\.json"
 
 @pytest.fixture
 def proxy(seaweed_proxy: tuple[FaultProxy, str]) -> tuple[FaultProxy, str]:
-    return seaweed_proxy  # tests/store_servers.py: SeaweedFS behind a fresh fault proxy
+    return seaweed_proxy  # tests/helpers/store_servers.py: SeaweedFS behind a fresh fault proxy
 
 
 def captured(step: int) -> snapshot.Captured:

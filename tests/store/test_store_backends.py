@@ -14,7 +14,7 @@ from burst.store.oss import endpoint_for
 from burst.store.s3 import S3Store
 from burst.store.settings import resolve
 from burst.store.sftp import SFTPStore
-from tests.store_servers import BUCKET, aws_env
+from tests.helpers.store_servers import BUCKET, aws_env
 
 
 @pytest.fixture

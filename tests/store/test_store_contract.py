@@ -15,7 +15,7 @@ from burst.snapshot import tiers as snapshot
 from burst.snapshot.tensors import load_tensors
 from burst.snapshot.tiers import Captured
 from burst.store import open_store
-from tests.store_servers import aws_env
+from tests.helpers.store_servers import aws_env
 
 BACKENDS = ["local", "memory", "moto", "seaweed", "oss-on-seaweed", "sftp"]
 SMALL_PART = 5 << 20  # S3's smallest multipart part: a 12 MiB object goes up in 3 parts

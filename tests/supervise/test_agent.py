@@ -113,7 +113,7 @@ def test_a_bug_in_the_training_script_is_not_retried(tmp_path):
 
 
 def test_sigterm_flushes_the_upload_to_a_remote_store_before_exit(tmp_path, seaweed, monkeypatch):
-    from tests.store_servers import aws_env
+    from tests.helpers.store_servers import aws_env
 
     aws_env(monkeypatch)
     monkeypatch.setenv("BURST_ENDPOINT_URL", seaweed.endpoint)

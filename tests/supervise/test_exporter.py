@@ -22,7 +22,7 @@ from burst.supervise.exporter import BurstCollector, metric_names
 from burst.supervise.gpuwatch import GpuSample, GpuWatch
 from burst.training.metrics import LiveFigures
 from tests.conftest import EXAMPLE, ROOT
-from tests.store_servers import free_port
+from tests.helpers.store_servers import free_port
 
 RULES = ROOT / "templates" / "prometheus" / "burst-rules.yml"
 DASHBOARD = ROOT / "templates" / "grafana" / "burst-dashboard.json"

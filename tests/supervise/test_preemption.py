@@ -24,7 +24,7 @@ from burst import events
 from burst.snapshot import reader
 from burst.store import open_store
 from burst.training import failure, preemption
-from tests.store_servers import ACCESS_KEY, SECRET_KEY, aws_env, free_port, wait_until
+from tests.helpers.store_servers import ACCESS_KEY, SECRET_KEY, aws_env, free_port, wait_until
 
 AWS_TOKEN = "fake-imds-token"
 

@@ -1,6 +1,6 @@
 """The crash matrix: SIGKILL at every named point of persist, upload and GC, then check.
 
-Two workers (``tests/crash_harness.py``) split the points between them; each point is a
+Two workers (``tests/helpers/crash_harness.py``) split the points between them; each point is a
 forked child killed there, and a second child checks that each store lists only
 snapshots that verify, that resume restores the newest of them exactly, and that a
 restarted uploader and GC recover. A few more kills come from outside at random times.
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import ROOT
-from tests.store_servers import S3Server, aws_env
+from tests.helpers.store_servers import S3Server, aws_env
 
 SHARDS = 2
 TIMED_PER_SHARD = 3
@@ -28,7 +28,7 @@ def _run_shards(server: S3Server, work: Path) -> list[dict]:
     procs = []
     for shard in range(SHARDS):
         out = work / f"shard{shard}.json"
-        cmd = [sys.executable, "-m", "tests.crash_harness", "--endpoint", server.endpoint,
+        cmd = [sys.executable, "-m", "tests.helpers.crash_harness", "--endpoint", server.endpoint,
                "--ca-bundle", str(server.ca_bundle),
                "--work", str(work / f"w{shard}"), "--out", str(out),
                "--shard", f"{shard}/{SHARDS}", "--timed", str(TIMED_PER_SHARD)]

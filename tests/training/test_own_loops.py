@@ -6,7 +6,7 @@ drawn ahead, as nanoGPT does); ``scripts/example_lstm.py`` slices a token stream
 offsets (``run.batches(..., over=...)``) and carries the LSTM's hidden state and the best
 validation loss from step to step (``attach(carry=...)``). Each is SIGKILLed before its
 first persist, mid accumulation, during a persist, in its last step, and twice in a row
-(``tests/loop_harness.py``, one forked process per run); every re-run must end with the
+(``tests/helpers/loop_harness.py``, one forked process per run); every re-run must end with the
 same loss bits at every step and the same final weights as the run that never stopped.
 nanoGPT's loop as written (a batch drawn before the loop and after each forward pass,
 outside what a snapshot holds) must be warned about, and is indeed not exact.
@@ -49,7 +49,7 @@ def harness(tmp_path_factory) -> dict[str, tuple[Path, dict]]:
     work = tmp_path_factory.mktemp("own-loops")
     procs = {}
     for script in SCRIPTS:
-        cmd = [sys.executable, "-m", "tests.loop_harness", "--script", script,
+        cmd = [sys.executable, "-m", "tests.helpers.loop_harness", "--script", script,
                "--work", str(work / script), "--out", str(work / f"{script}.json")]
         procs[script] = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE,
                                          stderr=subprocess.STDOUT, text=True)

@@ -17,7 +17,7 @@ import burst
 from burst.snapshot import reader, sync
 from burst.snapshot import tiers as snapshot
 from burst.store import LocalStore, open_store
-from tests.store_servers import aws_env
+from tests.helpers.store_servers import aws_env
 
 DATA = TensorDataset(torch.arange(40, dtype=torch.float32).reshape(20, 2), torch.arange(20))
 

@@ -13,8 +13,8 @@ import burst
 from burst.snapshot import reader
 from burst.store import open_store, retry
 from burst.training import failure
-from tests.fault_proxy import FaultProxy, start
-from tests.store_servers import aws_env, free_port
+from tests.helpers.fault_proxy import FaultProxy, start
+from tests.helpers.store_servers import aws_env, free_port
 
 START = """
 import os, sys, torch, burst
