@@ -72,11 +72,8 @@ class ForeignLoop:
     def roll_over_finished_epoch(self) -> None:
         """A snapshot taken at an epoch's last step resumes at the next epoch's start
         (for loops that finish epoch-level work, like LR steps, inside that last step)."""
-        run, sampler = self.run, self.sampler
-        if sampler is not None and run.samples_in_epoch and \
-                run.samples_in_epoch >= sampler.epoch_length():
-            run.epoch += 1
-            run.samples_in_epoch = 0
+        if self.sampler is not None:
+            self.run.progress.finish_epoch_if_done(self.sampler.epoch_length())
 
     def before_batch(self) -> None:
         """At a step's first micro-batch, remember the boundary (for an OOM); fire faults."""
@@ -106,8 +103,7 @@ class ForeignLoop:
         self._samples = self._micro = 0
         self.step_values = []
         self.run.abandon_step()
-        self.run.epoch += 1
-        self.run.samples_in_epoch = 0
+        self.run.progress.next_epoch()
 
 
 def batch_size(batch: Any) -> int:

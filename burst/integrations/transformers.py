@@ -62,7 +62,8 @@ from burst.errors import ConfigError
 from burst.integrations.loop import ForeignLoop
 from burst.state import rng
 from burst.training import failure
-from burst.training.run import ENV_AMP, Run
+from burst.training.layout import ENV_AMP
+from burst.training.run import Run
 from burst.training.sampler import ResumableSampler
 
 STATE_KEY = "burst.trainer"  # the Trainer's own counters in a snapshot's extra state

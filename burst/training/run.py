@@ -45,7 +45,7 @@ from burst import events
 from burst.env import freeze, stager
 from burst.errors import ConfigError, SnapshotError, StoreError
 from burst.inputs import part as inputs_part
-from burst.parallel import fallback, partition
+from burst.parallel import fallback
 from burst.parallel import state as dist_state
 from burst.parallel.group import Group, StepVote, unwrap
 from burst.snapshot import lineage, reader, restorable, sync
@@ -74,8 +74,11 @@ from burst.training import (
 )
 from burst.training import command as launch
 from burst.training import quota as memory_quota
+from burst.training.forward import Forward
 from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
+from burst.training.layout import Layout, planned_amp, positive
 from burst.training.metrics import LiveFigures, MetricBuffer
+from burst.training.progress import Progress
 from burst.training.sampler import ResumableSampler
 from burst.training.step import Step, hand_out
 from burst.training.trackers import STATE_KEY as TRACKERS_KEY
@@ -84,11 +87,6 @@ from burst.training.trackers import Trackers
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 ENV_RUN_ID = "BURST_RUN_ID"
-ENV_MICRO_BATCH = "BURST_MICRO_BATCH"
-ENV_AMP = "BURST_AMP"
-ENV_ACCUMULATION = "BURST_ACCUMULATION"  # the rest of a plan: checked, not trusted blindly
-ENV_WORLD_SIZE = "BURST_WORLD_SIZE"
-ENV_TF32 = "BURST_TF32"
 # the persist interval of a run whose code leaves it to burst: an operator or a drill sets
 # the cadence without editing the script (a value the code gives always wins)
 ENV_PERSIST_SECONDS = "BURST_PERSIST_SECONDS"
@@ -152,6 +150,21 @@ class Run:
     apply once, at the first boundary past their threshold.
     """
 
+    # where the run stands (``burst.training.progress``), read and set as run.step etc.
+    step: Forward[int] = Forward("progress")
+    epoch: Forward[int] = Forward("progress")
+    samples_consumed: Forward[int] = Forward("progress")
+    samples_in_epoch: Forward[int] = Forward("progress")
+    total_epochs: Forward[int | None] = Forward("progress")
+    steps_per_epoch: Forward[int | None] = Forward("progress")
+    # the batch layout in force (``burst.training.layout``): re-planned whole, never edited
+    global_batch: Forward[int] = Forward("plan")
+    micro_batch: Forward[int] = Forward("plan")
+    accumulation: Forward[int] = Forward("plan")
+    world_size: Forward[int] = Forward("plan")
+    rank: Forward[int] = Forward("plan")
+    planned_micro: Forward[int] = Forward("plan")  # the loader's batch; never grown past
+
     def __init__(
         self,
         run_id: str | None = None,
@@ -179,15 +192,11 @@ class Run:
         self.run_id = _run_id(run_id)
         # world_size=None: whatever torch.distributed runs (burst.parallel.init_from_env)
         self._group = Group.for_run(world_size)
-        self.rank, self.world_size = self._group.rank, self._group.world_size
+        self.plan = Layout.plan(global_batch, micro_batch, self._group.rank,
+                                self._group.world_size)  # checked against the launch's plan
         self.seed = seed
-        self.global_batch = _positive(global_batch, "global_batch")
-        self.micro_batch = _positive(_env_int(ENV_MICRO_BATCH) or micro_batch or global_batch,
-                                     "micro_batch")
-        self.accumulation = _accumulation(self.global_batch, self.micro_batch, self.world_size)
-        self.amp = parse_amp(os.environ.get(ENV_AMP, amp))
-        _check_plan_env(self.accumulation, self.world_size)
-        _apply_tf32(os.environ.get(ENV_TF32))
+        self.amp = parse_amp(planned_amp(amp))  # the precision in force (a rule may change it)
+        self.progress = Progress()
         self.memory_quota = memory_quota.apply()  # burst run --gpu-memory-quota: cap CUDA
         # the stores last: every setting above is checked before any upload thread starts
         self.store = open_store(store)
@@ -196,13 +205,11 @@ class Run:
             self.store, self.run_id)) if self.rank == 0 else None
         self.local, self._uploads = _local_tier(self.store, self.run_id, local,
                                                 uploads=self.rank == 0)
-        self.total_epochs: int | None = None
-        self.steps_per_epoch: int | None = None
         # intervals left out are chosen from measured costs (burst.training.adaptive)
-        self.shadow_every = None if shadow_every is None else _positive(shadow_every,
-                                                                        "shadow_every")
-        self.persist_every = None if persist_every is None else _positive(persist_every,
-                                                                          "persist_every")
+        self.shadow_every = None if shadow_every is None else positive(shadow_every,
+                                                                       "shadow_every")
+        self.persist_every = None if persist_every is None else positive(persist_every,
+                                                                         "persist_every")
         if persist_seconds == adaptive.AUTO and persist_every is None \
                 and os.environ.get(ENV_PERSIST_SECONDS):
             persist_seconds = _seconds_from_env(os.environ[ENV_PERSIST_SECONDS])
@@ -218,7 +225,6 @@ class Run:
         self._writes_seen = 0
         self.extra: dict[str, Any] = {}
         self.trackers = Trackers()  # experiment trackers that continue the run's curves
-        self.step = self.epoch = self.samples_consumed = self.samples_in_epoch = 0
         self.components = state_mod.Components(loop=LoopState())
         self.restored: state_mod.RestoreReport | None = None
         self._verified_step: int | None = None  # the snapshot whose blobs this rank hashed
@@ -233,7 +239,6 @@ class Run:
         self._sampler: ResumableSampler | None = None
         self._saved_sampler: dict | None = None
         self._pending_resume: dict[str, Any] | None = None  # recorded once the data checks out
-        self._in_step = self._optimizer_stepped = self._in_optimizer_step = False
         self._boundary_rng: dict | None = None
         self._rng_boundary = rng.Boundary()  # cheap per-step captures of the generators
         self._outside = batches.OutsideDraws()  # draws between steps: said once
@@ -254,7 +259,6 @@ class Run:
         self._vote = StepVote(self._group)  # the ranks' per-step decision, without a stall
         self._asked: str | None = None  # a request voted on, served at the next boundary
         self._peak_memory: dict[str, int] = {}
-        self.planned_micro = self.micro_batch  # the loader's batch; never grown past
         self._memory = self._memory_controller(memory_target, memory_rules)
         self._memory_reader = memory_reader or memory_control.cuda_reader
         self._rechunking = False  # run.steps() owns the micro-batches: it may re-plan them
@@ -318,7 +322,8 @@ class Run:
             undo.push(self._unhook_buffers)
         if optimizer is not None:
             undo.push(optimizer.register_step_pre_hook(self._before_optimizer_step).remove)
-            undo.push(optimizer.register_step_post_hook(self._on_optimizer_step).remove)
+            undo.push(optimizer.register_step_post_hook(
+                lambda *_: self.progress.optimizer_done()).remove)
         if self.memory_quota is not None:
             self.record_event("memory-quota", **self.memory_quota)
         if not self._guard.installed:
@@ -338,7 +343,7 @@ class Run:
             self._start_background()
             self._outside.mark("attach()")
             return None
-        self._check_snapshot(manifest, sampler)  # before any state changes or event
+        self.plan.check_snapshot(manifest, sampler)  # before any state changes or event
         self.restored = self._restore(manifest)
         self._pending_resume = {"step": self.restored.step, "notes": self.restored.notes,
                                 **self.layout(), **launch.fields()}
@@ -365,30 +370,6 @@ class Run:
             attach_guard.stop_watcher(self._watcher)
             self._watcher = None
 
-    def _check_snapshot(self, manifest: dict, sampler: ResumableSampler | None) -> None:
-        """Refuse a snapshot this run cannot continue from exactly, before restoring it."""
-        batch = manifest.get("batch", {})
-        if batch.get("global") != self.global_batch:
-            raise SnapshotError(
-                f"the snapshot's global batch is {batch.get('global')}, this run's "
-                f"{self.global_batch}: burst never changes the global batch silently"
-            )
-        if sampler is None:
-            return
-        if not isinstance(sampler, ResumableSampler):
-            raise ConfigError("attach(sampler=...) takes the loader's burst.ResumableSampler")
-        if manifest.get("sampler") is not None:
-            _check_same_data(manifest["sampler"], sampler.state())
-        length = sampler.num_samples
-        if sampler.drop_last:
-            length = length // self.global_batch * self.global_batch
-        position = (manifest.get("counters") or {}).get("samples_in_epoch", 0)
-        if position > length:
-            raise SnapshotError(f"the snapshot is {position} samples into an epoch of "
-                                f"{length}: the data differs from the snapshot's")
-        partition.check_lockstep(length - position, self.global_batch, self.micro_batch,
-                                 self.world_size)
-
     def _announce_resume(self) -> None:
         """Record the restore as a ``resume`` event, once: after the data checked out."""
         pending, self._pending_resume = self._pending_resume, None
@@ -413,21 +394,17 @@ class Run:
     @property
     def in_optimizer_step(self) -> bool:
         """True while ``optimizer.step()`` runs: the live state is then half-updated."""
-        return self._in_optimizer_step
+        return self.progress.optimizing
 
     @property
     def optimizer_stepped(self) -> bool:
-        """Whether ``optimizer.step()`` has run since ``begin_step``."""
-        return self._optimizer_stepped
+        """Whether ``optimizer.step()`` has run in the step in progress."""
+        return self.progress.stepped
 
     def _before_optimizer_step(self, *_: object) -> None:
-        self._in_optimizer_step = True
+        self.progress.optimizer_started()
         if self._injector.pending:  # drills only: a run without them pays one test
             self._injector.in_optimizer_step(self.step + 1)
-
-    def _on_optimizer_step(self, *_: object) -> None:
-        self._in_optimizer_step = False
-        self._optimizer_stepped = True
 
     def _restore(self, manifest: dict) -> state_mod.RestoreReport:
         if self._group.collective:  # each rank reads what it needs from the store
@@ -454,10 +431,7 @@ class Run:
                          f"accumulation {batch.get('accumulation')} -> {self.accumulation}")
         if saved_amp != self._amp():
             notes.append(f"precision {saved_amp or 'fp32'} -> {self._amp() or 'fp32'}")
-        counters = manifest["counters"]
-        self.step, self.epoch = counters["step"], counters["epoch"]
-        self.samples_consumed = counters["samples_consumed"]
-        self.samples_in_epoch = counters["samples_in_epoch"]
+        self.progress.restore(manifest["counters"])
         self.extra = saved.get("extra") or {}
         self.trackers.restore(self.extra.pop(TRACKERS_KEY, None))
         self._saved_sampler = manifest.get("sampler")
@@ -471,8 +445,7 @@ class Run:
         self.total_epochs = count
         while self.epoch < count:
             yield self.epoch
-            self.epoch += 1
-            self.samples_in_epoch = 0
+            self.progress.next_epoch()
 
     def steps(self, loader: DataLoader) -> Iterator[Step]:
         """The optimizer steps of the current epoch, from the next unconsumed sample."""
@@ -488,14 +461,14 @@ class Run:
                                                                      self.epoch, bits=63))
         batches = iter(loader)
         self._rechunking = True
-        for samples, share in self._step_sizes(sampler.remaining(), loader.drop_last):
+        for samples, share in self.plan.step_sizes(sampler.remaining(), loader.drop_last):
             micro_batches, source = self._micro_batches(share, batches)  # this rank's
             self.begin_step()
             injector = self._injector if self._injector.pending else None  # drills only
             current = Step(self.step + 1, self.epoch, samples, micro_batches, source,
                            injector, self.world_size)
             yield from hand_out(current, lambda n=samples: self.end_step(n), self.abandon_step,
-                                lambda: self._optimizer_stepped)
+                                lambda: self.progress.stepped)
 
     def batches(self, source: Callable[..., Any], *, over: Any = None,
                 steps: int | None = None, prefetch: int = 1) -> Iterator[Step]:
@@ -536,17 +509,10 @@ class Run:
     def adopt_sampler(self, sampler: object) -> ResumableSampler:
         """Make ``sampler`` the run's: check it is a ``ResumableSampler`` over the data the
         snapshot was taken on, and give it the run's layout (global batch, rank, world)."""
-        if not isinstance(sampler, ResumableSampler):
-            raise ConfigError("burst needs the training DataLoader to use "
-                              "sampler=burst.ResumableSampler(dataset) for an exact position")
-        sampler.global_batch = self.global_batch
-        sampler.rank, sampler.world_size = self.rank, self.world_size
-        if self._saved_sampler is not None:
-            _check_same_data(self._saved_sampler, sampler.state())
-            self._saved_sampler = None
+        self._sampler = self.plan.adopt(sampler, self._saved_sampler)
+        self._saved_sampler = None
         self._announce_resume()
-        self._sampler = sampler
-        return sampler
+        return self._sampler
 
     def begin_step(self) -> None:
         """An optimizer step starts: remember the boundary state an OOM falls back to."""
@@ -557,7 +523,7 @@ class Run:
         if self._step_ended is None:  # the first step's time counts from its start
             self._step_ended = self._adaptive.clock()
         self._mark_boundary()
-        self._in_step, self._optimizer_stepped = True, False
+        self.progress.begin_step()
 
     def before_micro_batch(self, index: int) -> None:
         """Micro-batch ``index`` (0-based) of the step in progress is about to run; a
@@ -567,14 +533,14 @@ class Run:
     def end_step(self, samples: int) -> None:
         """The step in progress consumed ``samples`` (on all ranks) and stepped the
         optimizer: count it; this may snapshot, and after a signal stops the process."""
-        self._in_step = False
+        self.progress.end_step()
         self._complete_step(samples)
         self._outside.mark(f"step {self.step}")
 
     def abandon_step(self) -> None:
         """The step in progress ends without being counted (it never stepped the
         optimizer); its samples will be drawn again."""
-        self._in_step = False
+        self.progress.end_step()
         self._outside.mark(f"step {self.step}")
 
     def recover(self, exc: BaseException) -> int:
@@ -583,20 +549,9 @@ class Run:
         the exit code to leave with."""
         return self._guard.recover(exc)
 
-    def _step_sizes(self, remaining: int, loader_drops_last: bool
-                    ) -> Iterator[tuple[int, int]]:
-        """(samples on all ranks, this rank's share) of each step left in the epoch."""
-        if loader_drops_last:
-            remaining = remaining // self.planned_micro * self.planned_micro
-        partition.check_lockstep(remaining, self.global_batch, self.micro_batch,
-                                 self.world_size)
-        return partition.rank_steps(remaining, self.global_batch, self.rank, self.world_size)
-
     def _complete_step(self, samples: int) -> None:
         self._measure_step(self._adaptive.clock())
-        self.step += 1
-        self.samples_consumed += samples
-        self.samples_in_epoch += samples
+        self.progress.count(samples)
         if torch.cuda.is_initialized():  # a flag, never initialising CUDA
             self._record_memory()
         self._control_memory()
@@ -726,7 +681,7 @@ class Run:
 
         On several ranks a snapshot between steps is a collective: call it on every rank
         (a request made during a step, on any rank, is agreed on at the step's end)."""
-        if self._in_step:
+        if self.progress.in_step:
             self._requested = reason
             return
         self._capture(reason, persist=True)
@@ -753,7 +708,7 @@ class Run:
         """Record metrics of the step just finished (``run.log(loss=loss)``) for
         ``burst report``; buffered, written with the next snapshot (rank 0 only)."""
         if self._group.is_writer:  # inside a step's body the step is not yet counted
-            step = self.step + 1 if self._in_step else self.step
+            step = self.step + 1 if self.progress.in_step else self.step
             self._metrics.add(step, self.samples_consumed, values)
             self._live.logged(values)
 
@@ -926,10 +881,7 @@ class Run:
         meta = {
             "reason": reason,
             "time": datetime.now(UTC).isoformat(timespec="seconds"),
-            "counters": {"step": self.step, "epoch": self.epoch,
-                         "samples_consumed": self.samples_consumed,
-                         "samples_in_epoch": self.samples_in_epoch,
-                         "total_steps": self._total_steps()},
+            "counters": self.progress.counters(),
             "batch": self.layout(),
             "amp": {"dtype": self._amp()},
             "sampler": self._sampler.state() if self._sampler else self._saved_sampler,
@@ -953,12 +905,6 @@ class Run:
         return {**meta, "lockfile_hash": frozen.lockfile_hash, "code_ref": frozen.code_ref,
                 **({"freeze": "pending"} if frozen.pending else {})}
 
-    def _total_steps(self) -> int | None:
-        """Steps of the whole run, when the loop has said how many epochs (for planners)."""
-        if self.total_epochs is None or self.steps_per_epoch is None:
-            return None
-        return self.total_epochs * self.steps_per_epoch
-
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler that is enabled exactly when the run's precision needs one (fp16)."""
         device = _device_of(self.components.model)
@@ -967,9 +913,7 @@ class Run:
     def layout(self) -> dict[str, Any]:
         """The batch layout: global and micro batch, accumulation, world size, and whether
         the model is sharded (FSDP2: the planner then counts its state per rank)."""
-        layout: dict[str, Any] = {"global": self.global_batch, "micro": self.micro_batch,
-                                  "accumulation": self.accumulation,
-                                  "world_size": self.world_size}
+        layout = self.plan.as_dict()
         if dist_state.sharded(self.components):
             layout["sharded"] = True
         return layout
@@ -1031,8 +975,7 @@ class Run:
         if decision is None:
             return
         old_accumulation = self.accumulation
-        self.micro_batch = decision.new
-        self.accumulation = _accumulation(self.global_batch, self.micro_batch, self.world_size)
+        self.plan = self.plan.with_micro(decision.new)
         self.record_event(memory_control.EVENT, step=self.step, reason=decision.reason,
                           old_micro=decision.old, new_micro=decision.new,
                           old_accumulation=old_accumulation, new_accumulation=self.accumulation,
@@ -1136,54 +1079,6 @@ def _local_tier(store: Store, run_id: str, local: str | os.PathLike[str] | None,
     queue = UploadQueue(tier, store, run_id)
     queue.catch_up()  # a snapshot a crash left un-uploaded goes up now
     return tier, queue
-
-
-def _positive(value: int, name: str) -> int:
-    if not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
-    return value
-
-
-def _env_int(name: str) -> int | None:
-    raw = os.environ.get(name)
-    if not raw:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"${name} must be an integer, got {raw!r}") from None
-
-
-def _accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
-    per_step = micro_batch * world_size
-    if global_batch % per_step:
-        raise ConfigError(f"global batch {global_batch} is not a multiple of micro-batch "
-                          f"{micro_batch} x world size {world_size}")
-    return global_batch // per_step
-
-
-def _check_plan_env(accumulation: int, world_size: int) -> None:
-    """A plan passed in the environment must agree with what this process computed."""
-    for name, actual in ((ENV_ACCUMULATION, accumulation), (ENV_WORLD_SIZE, world_size)):
-        planned = _env_int(name)
-        if planned is not None and planned != actual:
-            raise ConfigError(f"the plan says ${name}={planned}, but this process has "
-                              f"{actual}: launch with the planned number of processes")
-
-
-def _apply_tf32(value: str | None) -> None:
-    """TF32 matmuls on Ampere and newer when the plan says so (no effect on CPU)."""
-    if value in ("1", "0"):
-        enabled = value == "1"
-        torch.backends.cuda.matmul.allow_tf32 = enabled
-        torch.backends.cudnn.allow_tf32 = enabled
-
-
-def _check_same_data(saved: dict, live: dict) -> None:
-    for key in ("num_samples", "seed", "shuffle", "drop_last"):
-        if saved.get(key) != live.get(key):
-            raise SnapshotError(f"the data differs from the snapshot's: sampler {key} was "
-                                f"{saved.get(key)!r}, now {live.get(key)!r}")
 
 
 def _device_of(model: torch.nn.Module | None) -> str:
