@@ -31,6 +31,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq >/dev/null && apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# built here, where the network is allowed, never inside a test
+.venv/bin/python -m tests.helpers.node_world
 # the suite's sealed nodes write several GB of temporaries: CI starts on a machine where
 # earlier runs may have left theirs, so a CI run clears them and says how much room is left
 if [ "${CI:-}" = "true" ]; then

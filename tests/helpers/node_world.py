@@ -12,7 +12,12 @@
 
 Both live under ``$BURST_TEST_CACHE`` (default ``~/.cache/burst-tests``), keyed by what
 they are built from; a build goes to a temporary directory renamed into place, under a
-lock, so two test processes never build one twice or see half of one.
+lock, so two processes never build one twice or see half of one.
+
+Both need Debian's package registry, so they are built before the tests run
+(``python -m tests.helpers.node_world``, which ``scripts/test.sh`` calls), never by a
+test: nothing in the suite reaches beyond loopback. A fixture finding one missing fails
+and names that command.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ PYTHON_SOURCE = "python3.11"  # Debian 12's source package of this machine's min
 SOURCE_SUITE = "bookworm"
 CONFIGURE = ("--without-ensurepip", "--with-ensurepip=install")  # ensurepip kept in the tree
 LEFT_OUT = ("test", "idlelib", "tkinter", "turtledemo", "lib2to3/tests")
+BUILDING = "BURST_TEST_BUILD_NODE_WORLD"  # set by main(): builds may download
 
 
 def cache_root() -> Path:
@@ -63,10 +69,14 @@ def _locked(path: Path):
 
 
 def _built(target: Path, build: Callable[[Path], None]) -> Path:
-    """``target``, built by ``build(tmp)`` into a sibling and renamed, unless there."""
+    """``target``, built by ``build(tmp)`` into a sibling and renamed, unless there; in a
+    test (``BUILDING`` unset) a missing one is an error, not a download."""
     with _locked(target.parent / f".{target.name}.lock"):
         if (target / ".complete").exists():
             return target
+        if not os.environ.get(BUILDING):
+            raise RuntimeError(f"{target} is not built: run `python -m tests.helpers.node_world`"
+                               " first (scripts/test.sh does; it needs the network)")
         shutil.rmtree(target, ignore_errors=True)
         partial = target.parent / f"{target.name}.partial"
         shutil.rmtree(partial, ignore_errors=True)
@@ -163,3 +173,19 @@ def other_distribution() -> Path:
 def uv_python_dir() -> Path:
     """``$UV_PYTHON_INSTALL_DIR`` with a standalone CPython 3.11: built once, then cached."""
     return _or_skip(standalone_python)
+
+
+def main() -> int:
+    """Build (or find cached) both parts of the node's world, before any test runs."""
+    why = why_not()
+    if why:
+        print(f"node world not built: {why}; the tests that need it skip")
+        return 0
+    os.environ[BUILDING] = "1"
+    for build in (debian_root, standalone_python):
+        print(f"node world: {build()}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
