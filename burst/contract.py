@@ -8,7 +8,7 @@ writer can never disagree on a spelling. This module is a leaf: the standard lib
 only (no torch, no other burst module), so any process, the CLI's listing commands
 included, can import it for nothing.
 
-The node bootstrap (:mod:`burst.resume.bootstrap`) runs before burst is installed and
+The node bootstrap (:mod:`burst.node.bootstrap`) runs before burst is installed and
 cannot import this module: it spells the names it reads itself, and a test holds them
 equal to the ones here.
 """
@@ -47,7 +47,7 @@ class Exit(IntEnum):
     OOM = 86
     GPU_FAILURE = 87
     STOPPED = 88  # stopped on SIGTERM/SIGINT after a snapshot at a step boundary
-    # a node started more often than the run's restart bound allows (burst.resume.restarts):
+    # a node started more often than the run's restart bound allows (burst.node.restarts):
     # not in recover_on_exit_codes, so SkyPilot ends the job
     RESTART_LIMIT = 89
     # stopped because a newer launch of the run took over (burst.snapshot.lineage): its

@@ -41,7 +41,7 @@ from pathlib import Path
 import torch
 
 import burst
-from burst.resume.bootstrap import sha256_of  # what sha256sum prints, one thread
+from burst.node.bootstrap import sha256_of  # what sha256sum prints, one thread
 
 
 def build(gigabytes: float) -> tuple[torch.nn.Module, torch.optim.Optimizer]:

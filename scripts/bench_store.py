@@ -50,9 +50,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from burst.resume.bootstrap import sha256_of  # noqa: E402
-
 import burst  # noqa: E402
+from burst.node.bootstrap import sha256_of  # noqa: E402
 from burst.snapshot import sync  # noqa: E402
 from burst.snapshot import tiers as snapshot  # noqa: E402
 from burst.snapshot.tiers import Captured  # noqa: E402

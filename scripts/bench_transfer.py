@@ -10,7 +10,7 @@ each case ``--repeat`` times, interleaved (a shared machine is noisy), medians r
   once, each a parallel multipart upload from disk) against boto3's ``upload_file`` of each
   wheel in turn (its own multipart threads, the same ``when_required`` checksum settings),
   and against what burst did before (one PUT per wheel, the file read whole into memory);
-- down: the node bootstrap's :func:`burst.resume.bootstrap.download` (four wheels at once,
+- down: the node bootstrap's :func:`burst.node.bootstrap.download` (four wheels at once,
   each hashed as it lands, resumable) against a plain sequential urllib GET of each wheel,
   signed and hashed the same way (what the bootstrap did before).
 
@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from burst.env import wheelhouse  # noqa: E402
-from burst.resume import bootstrap  # noqa: E402
+from burst.node import bootstrap  # noqa: E402
 from burst.store import open_store  # noqa: E402
 from tests.helpers.store_servers import (  # noqa: E402
     ACCESS_KEY,

@@ -16,7 +16,7 @@ from burst import contract
 from burst.contract import Exit, PlanEnv, Reason
 from burst.store.settings import OPTIONS
 
-BOOTSTRAP = Path(contract.__file__).parent / "resume" / "bootstrap.py"
+BOOTSTRAP = Path(contract.__file__).parent / "node" / "bootstrap.py"
 # names only the bootstrap reads: uv's download list, its pip mode, an old endpoint name
 BOOTSTRAP_OWN = {"BURST_PYTHON_DOWNLOADS", "BURST_BOOTSTRAP_PIP", "BURST_S3_ENDPOINT_URL"}
 # what the task hands the bootstrap: it must read each under exactly this spelling

@@ -31,9 +31,10 @@ from burst.launch.local import Faults, LocalLauncher
 from burst.launch.skypilot import MODES, SkyPilotLauncher
 from burst.launch.ssh import SSHLauncher, Target
 from burst.launch.task import NodeSoftware, spot_policy
+from burst.node import restarts
 from burst.plan import planner
 from burst.resume import handoff as resume
-from burst.resume import node, reach, restarts
+from burst.resume import node, reach
 from burst.resume import status as run_status
 from burst.store import open_store
 

@@ -18,7 +18,7 @@ What goes where, and why:
   then ends the job with 86; a script error would fail the same way again), and burst
   bounds the restarts itself, errors and preemptions apart: ``BURST_MAX_RESTARTS`` and
   ``BURST_MAX_PREEMPTIONS`` in the envs, counted by the nodes in the store
-  (:mod:`burst.resume.restarts`).
+  (:mod:`burst.node.restarts`).
 - ``setup``: a step that fails along the way (a flaky GET) is retried in place a few
   times; the last failure ends with 91 (:data:`EXIT_SETUP_FAILED`), what the user must
   fix with 2 at once.
@@ -29,7 +29,7 @@ What goes where, and why:
   package mirrors forwarded as a fallback.
 - ``secrets``: credential *names* only, with null values. The values are handed to the
   SDK at launch (:func:`load`) and never written to a file or printed.
-- ``setup``: :mod:`burst.resume.bootstrap`, embedded as a heredoc (it must run before
+- ``setup``: :mod:`burst.node.bootstrap`, embedded as a heredoc (it must run before
   anything is installed, and the node has nothing of this machine's), puts burst into the
   node's one venv from the run's wheelhouse in the store; ``burst node setup`` from that
   venv restores the code and installs the rest of the lockfile into it.
@@ -52,14 +52,14 @@ import jinja2
 
 from burst.errors import ConfigError
 from burst.launch import skyenv
-from burst.plan.planner import Plan
-from burst.resume.restarts import (
+from burst.node.restarts import (
     DEFAULT_MAX_PREEMPTIONS,
     DEFAULT_MAX_RESTARTS,
     MAX_PREEMPTIONS_ENV,
     MAX_RESTARTS_ENV,
     PREEMPTION_HOURS_ENV,
 )
+from burst.plan.planner import Plan
 from burst.training.failure import EXIT_GPU_FAILURE, EXIT_SETUP_FAILED, EXIT_STOPPED
 
 TEMPLATES_ENV = "BURST_TEMPLATES"
@@ -74,7 +74,7 @@ SINGLE, MULTI = "task.yaml.j2", "task-multinode.yaml.j2"
 # recheck (the cluster still UP: judged by exit code, it would end the job FAILED). Never
 # OOM (86): these codes bypass max_restarts_on_errors and EAGER_NEXT_REGION relaunches from
 # the top of the list, the same card again, forever. burst bounds both itself
-# (burst.resume.restarts: errors and preemptions apart).
+# (burst.node.restarts: errors and preemptions apart).
 RECOVER_ON = (EXIT_GPU_FAILURE, EXIT_STOPPED)
 SETUP_ATTEMPTS = 3  # the setup's steps (bootstrap, burst node setup) on a failure along the way
 SETUP_BACKOFF = 10  # seconds before the second attempt; twice that before the third
@@ -272,8 +272,8 @@ def render(spec: TaskSpec) -> RenderedTask:
 
 
 def bootstrap_source() -> str:
-    """The text of :mod:`burst.resume.bootstrap`, for the setup's heredoc."""
-    from burst.resume import bootstrap
+    """The text of :mod:`burst.node.bootstrap`, for the setup's heredoc."""
+    from burst.node import bootstrap
 
     text = Path(bootstrap.__file__).read_text(encoding="utf-8").rstrip("\n")
     if BOOTSTRAP_END in text.splitlines() or "\t" in text:

@@ -54,9 +54,10 @@ from burst.launch.task import (
     TaskSpec,
     render,
 )
+from burst.node import restarts
 from burst.plan import planner
 from burst.plan.replan import Replan, replan
-from burst.resume import bucket_region, entrypoint, mirrors, reach, restarts, wheelpolicy
+from burst.resume import bucket_region, entrypoint, mirrors, reach, wheelpolicy
 from burst.resume import status as run_status
 from burst.resume.node import PLAN_AMP_ENV, PLAN_MARGIN_ENV, PLAN_MICRO_ENV
 from burst.snapshot import reader as snapshot

@@ -7,7 +7,7 @@ micro-batch, accumulation and precision for the card it actually finds (NVML; th
 side only guessed), and runs the user's entry point under the agent with that plan in the
 environment. New snapshots go to the same store and run id, so a failure here resumes
 again from there. In a managed job each start is counted in the store first, and a start
-past the restart bound trains nothing (:mod:`burst.resume.restarts`). Everything comes
+past the restart bound trains nothing (:mod:`burst.node.restarts`). Everything comes
 from the task's environment: ``BURST_RUN_ID``, ``BURST_STORE`` (+ its settings),
 ``BURST_PLAN_*``, ``BURST_MAX_RESTARTS`` and SkyPilot's ``SKYPILOT_*``.
 """
@@ -28,9 +28,10 @@ from burst.env import machine as envfacts
 from burst.env.lockfile import LockfileError
 from burst.errors import BurstError, ConfigError
 from burst.inputs import place as inputs_place
+from burst.node import restarts
 from burst.plan import planner
 from burst.plan.replan import replan
-from burst.resume import entrypoint, restarts
+from burst.resume import entrypoint
 from burst.resume import status as run_status
 from burst.snapshot import reader as snapshot
 from burst.snapshot import sync

@@ -34,7 +34,7 @@ from typing import Any
 EXIT_OOM = 86
 EXIT_GPU_FAILURE = 87
 EXIT_STOPPED = 88  # stopped on SIGTERM/SIGINT after a snapshot at a step boundary
-# a node started more often than the run's restart bound allows (burst.resume.restarts):
+# a node started more often than the run's restart bound allows (burst.node.restarts):
 # not in recover_on_exit_codes, so SkyPilot ends the job
 EXIT_RESTART_LIMIT = 89
 # stopped because a newer launch of the run took over (burst.snapshot.lineage): its

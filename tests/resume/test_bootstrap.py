@@ -1,4 +1,4 @@
-"""The node bootstrap (``burst/resume/bootstrap.py``) on a bare interpreter.
+"""The node bootstrap (``burst/node/bootstrap.py``) on a bare interpreter.
 
 It runs as the task runs it: a copy of the file, outside the repository, under the
 system's ``/usr/bin/python3`` in a clean environment (no pip configuration, pip's index at a
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from burst.resume import bootstrap
+from burst.node import bootstrap
 from burst.store import open_store
 from tests.helpers.store_servers import ACCESS_KEY, SECRET_KEY, aws_env, free_port
 

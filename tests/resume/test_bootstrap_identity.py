@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from burst.resume import bootstrap
+from burst.node import bootstrap
 from burst.store.settings import METADATA_URL_ENV, OPTIONS
 from tests.helpers.region_proxy import RegionProxy
 from tests.helpers.role_metadata import ROLE_ARN, WEB_TOKEN, RoleMetadata

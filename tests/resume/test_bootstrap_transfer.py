@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from burst.resume import bootstrap
+from burst.node import bootstrap
 from tests.helpers.fault_proxy import FaultProxy, start
 from tests.resume import test_bootstrap as base
 from tests.resume.test_bootstrap import (

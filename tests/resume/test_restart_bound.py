@@ -18,7 +18,8 @@ import pytest
 
 from burst import events
 from burst.launch.task import RECOVER_ON, SKYPILOT_MAX_RESTARTS
-from burst.resume import node, restarts
+from burst.node import restarts
+from burst.resume import node
 from burst.store import open_store
 from tests.helpers.snapshot_helpers import take
 from tests.helpers.store_servers import aws_env

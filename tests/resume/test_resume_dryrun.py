@@ -293,7 +293,7 @@ def test_a_relative_entry_point_the_archive_lacks_is_refused(frozen_project):
 
 
 def test_the_setup_heredoc_writes_the_bootstrap_byte_for_byte(s3_run, tmp_path):
-    from burst.resume import bootstrap
+    from burst.node import bootstrap
 
     url, _ = s3_run
     result = dry_run("--store", url, "--gpu", "A100", "--", "python", "train.py")

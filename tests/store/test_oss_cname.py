@@ -10,7 +10,7 @@ import uuid
 import pytest
 
 from burst.errors import ConfigError, StoreError
-from burst.resume import bootstrap
+from burst.node import bootstrap
 from burst.store import open_store
 from burst.store.oss import public_endpoint
 from tests.helpers.cname_proxy import CnameProxy

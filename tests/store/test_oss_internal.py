@@ -9,7 +9,7 @@ import socket
 
 import pytest
 
-from burst.resume import bootstrap
+from burst.node import bootstrap
 from burst.store import oss
 from burst.store.oss import internal_first
 
