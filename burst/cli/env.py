@@ -20,8 +20,9 @@ from burst.cli.wheels import describe_wheels, wheel_target, wheels_options
 from burst.env import check as envcheck
 from burst.env import codearchive, freeze, lockfile, wheelhouse
 from burst.env import install as envinstall
+from burst.env import rebuild as envrebuild
 from burst.errors import BurstError, ConfigError
-from burst.store import Store, check_key, open_store
+from burst.store import check_key, open_store
 
 _COLORS = {envcheck.ERROR: "red", envcheck.WARNING: "yellow", envcheck.NOTE: "dim"}
 
@@ -185,39 +186,24 @@ def install(run_id: str | None, store_url: str, lockfile_path: Path | None, step
     lock, code_ref, store = _load(run_id, lockfile_path, store_url, step)
     target = envinstall.detect_target(gpu=gpu, capability=compute_capability, cuda=cuda,
                                       cpu=cpu, rocm=rocm)
-    if wheelhouse_dir is None and store is not None and not no_wheelhouse and not dry_run:
-        wheelhouse_dir = _fetch_wheelhouse(store, _run_id(run_id) or "", lock, venv)
     options = envinstall.Options(None if system else venv, installer, base_python, index_url,
                                  list(find_links), no_index, torch_index,
                                  None if no_wheelhouse else wheelhouse_dir)
-    plan = envinstall.make_plan(lock, target, options)
     restore_code = bool(code_ref and store is not None and not no_code)
     if dry_run:
-        _print_plan(plan, code_ref if restore_code else None, code_dir, as_json)
+        _print_plan(envinstall.make_plan(lock, target, options),
+                    code_ref if restore_code else None, code_dir, as_json)
         return
     echo = (lambda line: click.echo(line, err=True)) if as_json else click.echo
-    for note in plan.notes:
-        echo(note)
-    restored: list[str] = []
-    if restore_code:
-        assert code_ref is not None
-        restored = codearchive.restore(store, _run_id(run_id) or "", code_ref, code_dir)
-        echo(f"restored {len(restored)} files of code {code_ref['archive'][:12]} into "
-             f"{code_dir.resolve()}")
-    envinstall.execute(plan, echo=echo)
-    failed = envinstall.install_editable(plan, code_dir, echo=echo) if restore_code else []
-    differences = envcheck.compare(lock, envcheck.live_in(plan.python))
-    _report_install(plan, differences, restored, failed, as_json, echo)
-
-
-def _fetch_wheelhouse(store: Store, run_id: str, lock: lockfile.Lockfile, venv: Path
-                      ) -> Path | None:
-    """The run's wheelhouse, downloaded beside the venv; None when the store has none."""
-    if wheelhouse.load_index(store, run_id, lock.digest) is None:
-        return None
-    dest = venv.expanduser().absolute().parent / "wheelhouse"
-    wheelhouse.download(store, run_id, lock.digest, dest)
-    return dest
+    # the run's wheelhouse goes beside the venv, unless one is named or refused
+    fetch_to = (None if wheelhouse_dir is not None or no_wheelhouse
+                else venv.expanduser().absolute().parent / "wheelhouse")
+    code = envrebuild.Code(code_dir, code_ref) if restore_code else None
+    rebuilt = envrebuild.rebuild(lock, target, options, store=store,
+                                 run_id=_run_id(run_id) or "", wheelhouse_to=fetch_to,
+                                 code=code, say=echo)
+    _report_install(rebuilt.plan, rebuilt.differences, rebuilt.restored,
+                    rebuilt.editable_failed, as_json, echo)
 
 
 def _print_plan(plan: envinstall.Plan, code_ref: dict | None, code_dir: Path,
