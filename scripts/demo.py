@@ -30,9 +30,9 @@ from rich.console import Console
 from rich.table import Table
 
 from burst import events
+from burst.contract import Exit
 from burst.snapshot import reader as snapshot
 from burst.store import LocalStore
-from burst.training.failure import EXIT_OOM
 
 EXAMPLE = Path(__file__).with_name("example_address.py")
 BURST = [sys.executable, "-m", "burst.cli"]
@@ -89,7 +89,7 @@ class Demo:
         self.sh("3 (burst run --on-oom stop)",
                 [*BURST, "run", "--on-oom", "stop", "--run-id", "oom-kept", "--store",
                  str(self.store), "--", *self.train("oom-kept")], {"BURST_FAULT": self.fault},
-                expect=EXIT_OOM)
+                expect=Exit.OOM)
         self.sh("3 (burst resume --to local)", self.resume_local("oom-kept"))
 
     def resume_local(self, run_id: str) -> list[str]:

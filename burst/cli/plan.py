@@ -16,6 +16,7 @@ from burst.cli.options import (
     split_csv,
     store_option,
 )
+from burst.contract import Reason
 from burst.env import interpreter
 from burst.errors import BurstError
 from burst.plan import planner, regions
@@ -81,7 +82,7 @@ def plan_command(run_id: str | None, cards: tuple[str, ...], counts: tuple[str, 
         counts=gpu_counts(counts), nodes=nodes,
         options=planner.Options(margin=margin, amp=amp, spot=spot,
                                 order=regions.parse_order(order, "--order") if order else None),
-        total_steps=total_steps, epochs=epochs, reason="oom" if after_oom else None,
+        total_steps=total_steps, epochs=epochs, reason=Reason.OOM if after_oom else None,
         config=user_config.load(config_path), skypilot=not offline and not os.environ.get(
             OFFLINE_ENV),
     )

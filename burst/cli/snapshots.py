@@ -13,11 +13,11 @@ import click
 from burst.cli import UserFacingError
 from burst.cli.options import json_option, open_existing, store_option, store_settings
 from burst.cli.progress import transfer_bar
+from burst.contract import Exit
 from burst.errors import SnapshotError
 from burst.snapshot import reader as snapshot
 from burst.snapshot.catalog import human_bytes, list_runs, snapshot_rows, unreadable
 from burst.store import Store
-from burst.training.failure import EXIT_RUNS_UNREADABLE
 
 
 @click.command("ls")
@@ -85,10 +85,10 @@ def run_cells(run: dict) -> tuple[str, ...]:
 
 def exit_if_unreadable(runs: list[dict]) -> None:
     """After the list is printed: one line naming the runs that could not be read, and
-    ``EXIT_RUNS_UNREADABLE``, so a script sees a short list without parsing it."""
+    ``Exit.RUNS_UNREADABLE``, so a script sees a short list without parsing it."""
     line = unreadable(runs)
     if line is not None:
-        raise UserFacingError(line, EXIT_RUNS_UNREADABLE)
+        raise UserFacingError(line, Exit.RUNS_UNREADABLE)
 
 
 @click.command("show")

@@ -13,7 +13,7 @@ process itself, by the policy's ``local_run`` (:mod:`burst.deadline.policy`):
   run with no writer at all.
 * ``detach``: leave it running. A local run that uploads to the node's store itself is
   fenced: its next commit there is refused and it then stops on its own (exit
-  ``EXIT_FENCED``). One that writes only a local store (the schedule uploading for it) is
+  ``Exit.FENCED``). One that writes only a local store (the schedule uploading for it) is
   not fenced, but nothing of it reaches the remote store any more (the schedule's backups
   end with the burst, and a push of its snapshots would be refused as stale).
 

@@ -20,7 +20,7 @@ What goes where, and why:
   ``BURST_MAX_PREEMPTIONS`` in the envs, counted by the nodes in the store
   (:mod:`burst.node.restarts`).
 - ``setup``: a step that fails along the way (a flaky GET) is retried in place a few
-  times; the last failure ends with 91 (:data:`EXIT_SETUP_FAILED`), what the user must
+  times; the last failure ends with 91 (:attr:`burst.contract.Exit.SETUP_FAILED`), what the user must
   fix with 2 at once.
 - cluster mode (``managed`` False) has no recovery, so it never renders a spot candidate:
   a preempted cluster would simply be gone.
@@ -50,6 +50,7 @@ from typing import Any
 
 import jinja2
 
+from burst.contract import Exit
 from burst.errors import ConfigError
 from burst.launch import skyenv
 from burst.node.restarts import (
@@ -60,7 +61,6 @@ from burst.node.restarts import (
     PREEMPTION_HOURS_ENV,
 )
 from burst.plan.planner import Plan
-from burst.training.failure import EXIT_GPU_FAILURE, EXIT_SETUP_FAILED, EXIT_STOPPED
 
 TEMPLATES_ENV = "BURST_TEMPLATES"
 # The store's private CA certificate (PEM text: public, not a secret). The task carries
@@ -75,7 +75,7 @@ SINGLE, MULTI = "task.yaml.j2", "task-multinode.yaml.j2"
 # OOM (86): these codes bypass max_restarts_on_errors and EAGER_NEXT_REGION relaunches from
 # the top of the list, the same card again, forever. burst bounds both itself
 # (burst.node.restarts: errors and preemptions apart).
-RECOVER_ON = (EXIT_GPU_FAILURE, EXIT_STOPPED)
+RECOVER_ON = (Exit.GPU_FAILURE, Exit.STOPPED)
 SETUP_ATTEMPTS = 3  # the setup's steps (bootstrap, burst node setup) on a failure along the way
 SETUP_BACKOFF = 10  # seconds before the second attempt; twice that before the third
 SKYPILOT_MAX_RESTARTS = 0  # SkyPilot retries nothing else; burst bounds the restarts
@@ -202,7 +202,7 @@ def job_recovery(spec: TaskSpec) -> dict[str, Any] | None:
     if not spec.managed:
         return None
     return {"strategy": "EAGER_NEXT_REGION", "max_restarts_on_errors": SKYPILOT_MAX_RESTARTS,
-            "recover_on_exit_codes": list(RECOVER_ON)}
+            "recover_on_exit_codes": [int(code) for code in RECOVER_ON]}
 
 
 def task_envs(spec: TaskSpec) -> dict[str, str]:
@@ -263,7 +263,7 @@ def render(spec: TaskSpec) -> RenderedTask:
         ca_bundle=CA_BUNDLE_ENV in spec.envs,
         bootstrap=bootstrap_source() if spec.software.python is None else None,
         setup_attempts=SETUP_ATTEMPTS, setup_backoff=SETUP_BACKOFF,
-        setup_failed=EXIT_SETUP_FAILED,
+        setup_failed=int(Exit.SETUP_FAILED),
         workdir=_workdir(spec.workdir), burst=spec.software.burst, setup_args=spec.software.node_flags,
         run_args=spec.software.node_flags, entry_point=shlex.join(spec.entry_point),
         torchrun=distributed.torchrun_shell(shlex.join(_script_of(spec.entry_point))),

@@ -42,9 +42,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
+from burst.contract import Exit
 from burst.errors import ConfigError
 from burst.store.base import Store
-from burst.training import failure
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
@@ -55,8 +55,7 @@ TASK_ENV = "SKYPILOT_TASK_ID"
 RANK_ENV = "SKYPILOT_NODE_RANK"
 DEFAULT_MAX_RESTARTS = 5
 DEFAULT_MAX_PREEMPTIONS = 50
-EXIT_RESTART_LIMIT = failure.EXIT_RESTART_LIMIT  # not recovered: SkyPilot ends the job
-PREEMPTED_ENDINGS = (failure.EXIT_STOPPED,)  # a clean stop after a notice
+PREEMPTED_ENDINGS = (Exit.STOPPED,)  # a clean stop after a notice
 CLAIM_TRIES = 64  # concurrent claimers (the ranks of one attempt) each move on by one
 END_SUFFIX = ".end.json"
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from burst.contract import Reason
 from burst.errors import SnapshotError
 from burst.plan import memory
 
@@ -41,7 +42,7 @@ class RunFacts:
 
     @property
     def failed_oom(self) -> bool:
-        return self.reason == "oom"
+        return self.reason == Reason.OOM
 
 
 def from_snapshot(manifest: Mapping[str, Any], events: Sequence[Mapping[str, Any]] = (),

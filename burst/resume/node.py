@@ -21,6 +21,7 @@ from pathlib import Path
 
 from burst import config as user_config
 from burst import events
+from burst.contract import Exit
 from burst.env import check as envcheck
 from burst.env import codearchive, freeze, wheelhouse
 from burst.env import install as envinstall
@@ -350,7 +351,7 @@ def _refuse_restart(store: Store, local: Store, run_id: str, start: restarts.Sta
     code = run_status.decisive_code(
         e.get("returncode") for e in history
         if e.get("event") == "node-exit" and e.get("task_id") == start.task_id
-    ) or failure.EXIT_STOPPED
+    ) or Exit.STOPPED
     message = (f"this managed job has restarted {start.restarts} times: {start.why}; "
                "stopping it here rather than paying for another machine (its worst "
                f"ending: {failure.EXIT_KINDS.get(code) or failure.describe_exit(code)})")
@@ -360,7 +361,7 @@ def _refuse_restart(store: Store, local: Store, run_id: str, start: restarts.Sta
             max_preemptions=start.bounds.preemptions, code=code, record=start.number,
             message=message, **_where())
     _publish_history(local, store, run_id, say)
-    return restarts.EXIT_RESTART_LIMIT
+    return Exit.RESTART_LIMIT
 
 
 def _path_with(python: str) -> str:

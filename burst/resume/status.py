@@ -13,12 +13,12 @@ from datetime import datetime, timezone
 from typing import Any
 
 from burst import events
+from burst.contract import Exit, Reason
 from burst.env import readiness
 from burst.errors import BurstError, SnapshotError
 from burst.snapshot import reader as snapshot
 from burst.store import Store
 from burst.training.adaptive import FIRST_PERSIST_SECONDS
-from burst.training.failure import EXIT_GPU_FAILURE, EXIT_OOM, EXIT_STOPPED
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
@@ -28,7 +28,7 @@ FAILURE_EVENTS = ("failure", "preempted", "capacity", "restart-limit")
 # What a job's exit means, most telling first (as burst.supervise.verdict ranks records):
 # a GPU failure says the machine is bad, an OOM that the card is too small, a script error
 # that the code is wrong, a signal stop only that something stopped it.
-CODE_RANK = {EXIT_GPU_FAILURE: 4, EXIT_OOM: 3, EXIT_STOPPED: 1, 0: 0}
+CODE_RANK = {Exit.GPU_FAILURE: 4, Exit.OOM: 3, Exit.STOPPED: 1, 0: 0}
 OTHER_FAILURE_RANK = 2
 
 
@@ -197,7 +197,7 @@ def snapshot_intervals(history: list[dict], manifest: dict | None) -> dict[str, 
     # chosen intervals persist first after FIRST_PERSIST_SECONDS of training: a run that
     # never got there has only what close() (or a failure) wrote
     intervals["first_persist_pending"] = bool(found.get("chosen")) and not any(
-        e.get("event") == "snapshot" and e.get("reason") == "periodic" for e in history)
+        e.get("event") == "snapshot" and e.get("reason") == Reason.PERIODIC for e in history)
     return intervals
 
 

@@ -28,7 +28,7 @@ before the manifest write and again right after it, with one ``LIST`` of
 * if *g* belongs to a launch in this process and a newer generation exists, that launch
   is *fenced*: the commit is refused (no manifest is written) and the launch's
   :attr:`Lineage.fenced_by` says by whom, so the training loop stops at its next step
-  boundary (exit code ``EXIT_FENCED``, :mod:`burst.training.failure`);
+  boundary (exit code ``Exit.FENCED``, :mod:`burst.contract`);
 * a snapshot a crashed predecessor left un-uploaded (generation *g*, pushed by this
   process's launch *h* > *g*) still goes up if *h* is the newest generation and no launch
   came between them (*g* < *k* < *h*): a restart on the same machine keeps its catch-up

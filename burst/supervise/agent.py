@@ -38,17 +38,27 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 from burst import events
+from burst.contract import (
+    ENV_FAILURE_DIR,
+    ENV_FAULT,
+    ENV_GPU_MEMORY_QUOTA,
+    ENV_MICRO_BATCH,
+    ENV_RUN_ID,
+    ENV_STORE,
+    PlanEnv,
+    Reason,
+)
 from burst.errors import ConfigError
 from burst.snapshot import reader as snapshot
 from burst.store.base import Store
 from burst.supervise import verdict as verdicts
-from burst.supervise.coordinator import QUOTA_ENV, PauseWatch, Share
+from burst.supervise.coordinator import PauseWatch, Share
 from burst.supervise.gpuwatch import GpuWatch
 from burst.training import failure
 
 POLICIES = {
-    "oom": ("retry-smaller", "burst", "stop"),
-    "gpu-failure": ("burst", "restart", "stop"),
+    Reason.OOM: ("retry-smaller", "burst", "stop"),
+    Reason.GPU_FAILURE: ("burst", "restart", "stop"),
     "killed": ("restart", "stop"),
 }
 
@@ -62,7 +72,7 @@ class Policy:
     backoff: int = 2
 
     def __post_init__(self) -> None:
-        for kind, value in (("oom", self.on_oom), ("gpu-failure", self.on_gpu_failure),
+        for kind, value in ((Reason.OOM, self.on_oom), (Reason.GPU_FAILURE, self.on_gpu_failure),
                             ("killed", self.on_killed)):
             if value not in POLICIES[kind]:
                 raise ConfigError(f"policy for {kind} must be one of "
@@ -71,7 +81,7 @@ class Policy:
             raise ConfigError("max retries must be >= 0 and the backoff factor >= 2")
 
     def action(self, kind: str) -> str:
-        return {"oom": self.on_oom, "gpu-failure": self.on_gpu_failure,
+        return {Reason.OOM: self.on_oom, Reason.GPU_FAILURE: self.on_gpu_failure,
                 "killed": self.on_killed}.get(kind, "stop")
 
 
@@ -118,7 +128,7 @@ class Agent:
         self.watch, self.launcher, self.say = watch, launcher, say
         self.fault = fault  # injected into the first attempt only (drills)
         self.child_stdout = child_stdout  # e.g. stderr, when our stdout is for JSON
-        self.micro_batch: int | None = _int_or_none(self.env.get("BURST_MICRO_BATCH"))
+        self.micro_batch: int | None = _int_or_none(self.env.get(ENV_MICRO_BATCH))
         self.accumulation: int | None = None  # set with a smaller micro-batch
         self.share = share  # a claim on this machine's GPU memory (burst.supervise.coordinator)
         self.attempts: list[Attempt] = []  # ended so far, live (the metrics exporter reads it)
@@ -138,7 +148,7 @@ class Agent:
                 if attempt.paused:  # neither a failure nor a retry: wait for the memory
                     self._pause()
                     continue
-                if attempt.kind in ("ok", "signal", "error", "fenced"):
+                if attempt.kind in ("ok", Reason.SIGNAL, "error", Reason.FENCED):
                     outcome.decision, outcome.message = _final(attempt)
                     return outcome
                 action = self.policy.action(attempt.kind)
@@ -184,25 +194,24 @@ class Agent:
         self._record("unpaused", waited_seconds=round(waited, 3))
 
     def _attempt(self, number: int) -> Attempt:
-        env = {**os.environ, **self.env, "BURST_RUN_ID": self.run_id,
-               "BURST_STORE": self.store_url}
-        if self.micro_batch is not None:
-            env["BURST_MICRO_BATCH"] = str(self.micro_batch)
-        if self.accumulation is not None:  # a node's plan says it too, and Run checks it
-            env["BURST_ACCUMULATION"] = str(self.accumulation)
+        env = {**os.environ, **self.env, ENV_RUN_ID: self.run_id, ENV_STORE: self.store_url}
+        # a smaller micro-batch after an OOM, and its accumulation (a node's plan says it
+        # too, and Run checks it): the rest of the plan stays as the environment has it
+        env.update(PlanEnv(micro_batch=self.micro_batch,
+                           accumulation=self.accumulation).to_env())
         if self.share is not None:  # the child caps its allocator (burst.training.quota)
-            env[QUOTA_ENV] = str(self.share.quota)
+            env[ENV_GPU_MEMORY_QUOTA] = str(self.share.quota)
         if self.fault:  # a drill's fault hits the first attempt, not the recovery
             if number == 1:
-                env["BURST_FAULT"] = self.fault
+                env[ENV_FAULT] = self.fault
             else:
-                env.pop("BURST_FAULT", None)
+                env.pop(ENV_FAULT, None)
         self._record("child-start", attempt=number, command=shlex.join(self.command),
                      micro_batch=self.micro_batch)
         started = time.monotonic()
         self.starts += 1
         with verdicts.record_directory() as records:
-            env[failure.RECORD_DIR_ENV] = str(records)
+            env[ENV_FAILURE_DIR] = str(records)
             pause: list[PauseWatch | None] = []
             returncode = _run_child(self.command, env, self.child_stdout,
                                     started=lambda child: pause.append(self._watch_pause(child)))
@@ -214,7 +223,7 @@ class Agent:
         # asked to pause: stopped at a boundary (88), or by the SIGTERM itself if it came
         # before the child's run installed its handler (nothing trained yet to lose)
         paused = bool(watch is not None and watch.fired
-                      and (verdict.kind == "signal" or returncode == -signal.SIGTERM))
+                      and (verdict.kind == Reason.SIGNAL or returncode == -signal.SIGTERM))
         self._record("child-exit", attempt=number, returncode=returncode, kind=verdict.kind,
                      code=verdict.code, decided_by=verdict.source, rank=verdict.rank,
                      records=[_brief(r) for r in verdict.records], seconds=round(seconds, 3))
@@ -286,9 +295,9 @@ def smaller_micro_batch(micro: int, global_batch: int, world_size: int, backoff:
 def _final(attempt: Attempt) -> tuple[str, str]:
     if attempt.kind == "ok":
         return "finished", "training finished"
-    if attempt.kind == "signal":
+    if attempt.kind == Reason.SIGNAL:
         return "stopped", "stopped on a signal after a snapshot"
-    if attempt.kind == "fenced":
+    if attempt.kind == Reason.FENCED:
         return "fenced", "a newer launch of this run took over (its node owns the run now)"
     return "error", (f"the training script failed ({failure.describe_exit(attempt.returncode)}); "
                      "not a GPU failure, so no retry")

@@ -32,7 +32,6 @@ from burst.errors import ConfigError
 DIR_ENV = "BURST_COORDINATOR_DIR"
 CAPACITY_ENV = "BURST_GPU_CAPACITY"  # a modelled card size (tests, or a share of a card)
 POLL_ENV = "BURST_COORDINATOR_POLL"  # seconds between an agent's looks at the registry
-QUOTA_ENV = "BURST_GPU_MEMORY_QUOTA"  # bytes, given to the child (burst.training.quota)
 PRIORITIES = {"low": 0, "normal": 1, "high": 2}
 STATES = ("waiting", "running", "paused")
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9,

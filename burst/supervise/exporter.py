@@ -29,6 +29,7 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from burst.contract import Reason
 from burst.supervise.agent import Agent
 from burst.supervise.gpuwatch import GpuWatch
 from burst.training.metrics import FIGURES_ENV, FIGURES_FILE
@@ -78,7 +79,7 @@ FIGURES_AGE = "burst_figures_age_seconds"
 FAILURES = "burst_failures"
 RESTARTS = "burst_restarts"
 PAUSES = "burst_pauses"
-ENDED_WELL = ("ok", "signal")  # the rest are failures (a pause is neither)
+ENDED_WELL = ("ok", Reason.SIGNAL)  # the rest are failures (a pause is neither)
 
 
 class BurstCollector(Collector):

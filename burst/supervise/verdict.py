@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from burst.contract import Reason
 from burst.training import failure
 
 # higher decides: what a failure says about the machine, not which rank came first; a
 # fenced rank (a newer launch owns the run) outranks all: nothing may be retried here
-PRIORITY = {"fenced": 4, "gpu-failure": 3, "oom": 2, "signal": 1}
+PRIORITY = {Reason.FENCED: 4, Reason.GPU_FAILURE: 3, Reason.OOM: 2, Reason.SIGNAL: 1}
 KIND_CODES = {kind: code for code, kind in failure.EXIT_KINDS.items()}
 
 

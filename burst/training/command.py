@@ -20,7 +20,7 @@ import os
 import shlex
 import sys
 
-from burst.training.failure import RECORD_DIR_ENV
+from burst.contract import ENV_FAILURE_DIR
 
 FIELD = "command"  # in the run's start and resume events
 
@@ -33,7 +33,7 @@ def fields() -> dict[str, str]:
 
 def started_command() -> str | None:
     """This process's command line, shell-quoted, when re-running it re-runs the run."""
-    if os.environ.get(RECORD_DIR_ENV):  # under the agent: its child-start names it
+    if os.environ.get(ENV_FAILURE_DIR):  # under the agent: its child-start names it
         return None
     main = sys.modules.get("__main__")
     if main is None or not getattr(main, "__file__", None) or sys.flags.interactive \

@@ -31,31 +31,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-EXIT_OOM = 86
-EXIT_GPU_FAILURE = 87
-EXIT_STOPPED = 88  # stopped on SIGTERM/SIGINT after a snapshot at a step boundary
-# a node started more often than the run's restart bound allows (burst.node.restarts):
-# not in recover_on_exit_codes, so SkyPilot ends the job
-EXIT_RESTART_LIMIT = 89
-# stopped because a newer launch of the run took over (burst.snapshot.lineage): its
-# snapshots are refused, so it must not train on; nothing to retry or resume from here
-EXIT_FENCED = 90
-# the node's setup failed after its retries (burst/templates/task.yaml.j2): the store or
-# the network kept failing; a deterministic problem exits 2 at once instead
-EXIT_SETUP_FAILED = 91
-# the run's store could not be reached (or refused) as the run started: nothing was
-# trained, nothing is lost; start it again once the store answers (burst.training.outage)
-EXIT_STORE_UNREACHABLE = 92
-# training finished and its final snapshot is in the local tier, but uploading it to the
-# store failed: `burst push` uploads it later; rerunning the training is not needed
-EXIT_UPLOAD_FAILED = 93
-# a listing of a store's runs (burst ls, burst status) listed every run it could read,
-# but one or more runs could not be read (a corrupt or unreadable manifest): each is one
-# row with its reason (burst.snapshot.catalog), and the exit status says the list is short
-EXIT_RUNS_UNREADABLE = 94
+from burst.contract import ENV_FAILURE_DIR, Exit, Reason
 
-EXIT_KINDS = {EXIT_OOM: "oom", EXIT_GPU_FAILURE: "gpu-failure", EXIT_STOPPED: "signal",
-              EXIT_FENCED: "fenced", EXIT_SETUP_FAILED: "setup-failed"}
+# what each exit code says about how the process ended (classify_exit)
+EXIT_KINDS: dict[int, str] = {Exit.OOM: Reason.OOM, Exit.GPU_FAILURE: Reason.GPU_FAILURE,
+              Exit.STOPPED: Reason.SIGNAL, Exit.FENCED: Reason.FENCED,
+              Exit.SETUP_FAILED: "setup-failed"}
 
 STICKY_PATTERNS = (
     "illegal memory access",
@@ -73,20 +54,20 @@ STICKY_PATTERNS = (
 )
 
 
-def classify(exc: BaseException) -> str | None:
+def classify(exc: BaseException) -> Reason | None:
     """``"oom"``, ``"gpu-failure"`` or None (an ordinary error) for an exception.
 
     torch is looked up, not imported: an exception raised by torch means torch is loaded,
     and supervisors that only read exit codes and records never pay for importing it."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(exc, torch.cuda.OutOfMemoryError):
-        return "oom"
+        return Reason.OOM
     if isinstance(exc, RuntimeError):
         message = str(exc).lower()
         if "out of memory" in message and "cuda" in message:
-            return "oom"
+            return Reason.OOM
         if any(pattern in message for pattern in STICKY_PATTERNS):
-            return "gpu-failure"
+            return Reason.GPU_FAILURE
     return None
 
 
@@ -112,7 +93,6 @@ def describe_exit(returncode: int) -> str:
 
 # -- failure records ---------------------------------------------------------------------
 
-RECORD_DIR_ENV = "BURST_FAILURE_DIR"  # set by the supervisor: a fresh directory per attempt
 RECORD_FIELDS = ("kind", "exit_code", "step", "rank", "pid", "time", "detail")
 
 
@@ -125,7 +105,7 @@ def write_record(kind: str, exit_code: int, *, step: int | None, rank: int,
     atomic (a temporary file renamed into place: a reader never sees half a record).
     Returns the record's path, or None when the variable is unset or the write failed.
     """
-    directory = os.environ.get(RECORD_DIR_ENV)
+    directory = os.environ.get(ENV_FAILURE_DIR)  # the supervisor's, fresh per attempt
     if not directory:
         return None
     record = {"kind": kind, "exit_code": exit_code, "step": step, "rank": rank,

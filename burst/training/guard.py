@@ -29,6 +29,7 @@ from typing import Any, NoReturn, Protocol
 
 import torch
 
+from burst.contract import Exit, Reason
 from burst.state.capture import Components
 from burst.training import failure
 
@@ -113,7 +114,7 @@ class Guard:
         name = signal.Signals(signum).name
         if self.stop_requested:
             _say(f"second {name}: exiting now")
-            self._leave_record("signal", 128 + signum, self.run.step,
+            self._leave_record(Reason.SIGNAL, 128 + signum, self.run.step,
                                f"second {name}: exited at once, without a new snapshot")
             os._exit(128 + signum)
         self.stop_requested = name
@@ -125,11 +126,11 @@ class Guard:
         """If no step boundary comes within the grace period, keep the RAM shadow and go."""
         time.sleep(self.grace_seconds * 0.8)
         _say("no step boundary within the grace period: saving the newest RAM copy")
-        saved = self._persist_shadow("signal", budget=self.grace_seconds * 0.2)
-        self._leave_record("signal", failure.EXIT_STOPPED, self.run.step,
+        saved = self._persist_shadow(Reason.SIGNAL, budget=self.grace_seconds * 0.2)
+        self._leave_record(Reason.SIGNAL, Exit.STOPPED, self.run.step,
                            f"{self.stop_requested}: no step boundary within the grace "
                            f"period; {_kept(saved)}")
-        os._exit(failure.EXIT_STOPPED)
+        os._exit(Exit.STOPPED)
 
     # -- requests from other threads (a preemption notice) ---------------------------------
 
@@ -156,15 +157,15 @@ class Guard:
     def stop_at_boundary(self) -> NoReturn:
         """Called by the run at a step boundary after a signal, once the snapshot of that
         boundary is queued: record, flush, exit."""
-        reason = self.stop_requested or "signal"
+        reason = self.stop_requested or Reason.SIGNAL
         step = self.run.step
-        self.run.record_event("failure", kind="signal", signal=reason, step=step,
+        self.run.record_event("failure", kind=Reason.SIGNAL, signal=reason, step=step,
                               action="snapshot at step boundary")
         self._flush(self.grace_seconds)  # the snapshot and the event above
-        self._leave_record("signal", failure.EXIT_STOPPED, step,
+        self._leave_record(Reason.SIGNAL, Exit.STOPPED, step,
                            f"{reason}: stopped at the boundary of step {step} with a snapshot")
         _say(f"stopped after step {step}; snapshot saved")
-        raise SystemExit(failure.EXIT_STOPPED)
+        raise SystemExit(Exit.STOPPED)
 
     # -- exceptions ---------------------------------------------------------------------
 
@@ -177,8 +178,8 @@ class Guard:
             code = self.recover(exc)
         except BaseException as error:  # never let recovery itself end in a traceback
             _say(f"emergency handling failed: {error}")
-            kind = failure.classify(exc) or "gpu-failure"
-            code = failure.EXIT_OOM if kind == "oom" else failure.EXIT_GPU_FAILURE
+            kind = failure.classify(exc) or Reason.GPU_FAILURE
+            code = Exit.OOM if kind == Reason.OOM else Exit.GPU_FAILURE
             self._leave_record(kind, code, self.run.step + 1,
                                f"{_first_line(exc)}; emergency handling failed: {error}")
         sys.stdout.flush()
@@ -192,7 +193,7 @@ class Guard:
         summary = _first_line(exc)
         if exc.__traceback__ is not None:
             traceback.clear_frames(exc.__traceback__)  # drop the failed step's tensors
-        if kind == "oom":
+        if kind == Reason.OOM:
             return self._recover_oom(summary)
         return self._recover_gpu_failure(summary)
 
@@ -202,36 +203,36 @@ class Guard:
         _free_memory(run)
         if in_optimizer:
             source = "RAM shadow (the optimizer step was interrupted)"
-            saved = run.persist_shadow("oom")
+            saved = run.persist_shadow(Reason.OOM)
         else:
-            saved = run.save_boundary("oom")
+            saved = run.save_boundary(Reason.OOM)
             # several ranks, or no boundary marked (CUDA unused): the RAM shadow
             source = ("live state at the last step boundary" if saved == run.step
                       else "RAM shadow")
-        run.record_event("failure", kind="oom", step=run.step + 1,
+        run.record_event("failure", kind=Reason.OOM, step=run.step + 1,
                          in_optimizer_step=in_optimizer, snapshot_step=saved, error=summary,
                          **run.layout())
         self._flush(None)
         outcome = f"snapshot of step {saved} from the {source}" if saved is not None else \
             _kept(saved)
-        self._leave_record("oom", failure.EXIT_OOM, run.step + 1,
+        self._leave_record(Reason.OOM, Exit.OOM, run.step + 1,
                            f"{summary}; micro-batch {run.micro_batch}; {outcome}")
         _say(f"CUDA out of memory in step {run.step + 1} (micro-batch {run.micro_batch}); "
-             f"{outcome}; exit {failure.EXIT_OOM}")
-        return failure.EXIT_OOM
+             f"{outcome}; exit {Exit.OOM}")
+        return Exit.OOM
 
     def _recover_gpu_failure(self, summary: str) -> int:
         run = self.run
-        saved = run.persist_shadow("gpu-failure")
-        run.record_event("failure", kind="gpu-failure", step=run.step + 1,
+        saved = run.persist_shadow(Reason.GPU_FAILURE)
+        run.record_event("failure", kind=Reason.GPU_FAILURE, step=run.step + 1,
                          snapshot_step=saved, error=summary, **run.layout())
         self._flush(None)
         kept = _kept(saved)
-        self._leave_record("gpu-failure", failure.EXIT_GPU_FAILURE, run.step + 1,
+        self._leave_record(Reason.GPU_FAILURE, Exit.GPU_FAILURE, run.step + 1,
                            f"{summary}; {kept}")
         _say(f"GPU failure in step {run.step + 1} ({summary}); {kept}; "
-             f"exit {failure.EXIT_GPU_FAILURE}")
-        return failure.EXIT_GPU_FAILURE
+             f"exit {Exit.GPU_FAILURE}")
+        return Exit.GPU_FAILURE
 
     def _persist_shadow(self, reason: str, budget: float | None) -> int | None:
         step = self.run.persist_shadow(reason)

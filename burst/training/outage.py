@@ -2,9 +2,9 @@
 
 The store is where snapshots go to survive the machine, but it is not the training: an
 S3 outage as a run starts means nothing was trained yet (stop at once, with
-``EXIT_STORE_UNREACHABLE``, and say that starting again later loses nothing); an upload
+``Exit.STORE_UNREACHABLE``, and say that starting again later loses nothing); an upload
 that fails at ``close()`` comes after the training finished and its final snapshot was
-written to the local tier (stop with ``EXIT_UPLOAD_FAILED``, and say where the snapshot
+written to the local tier (stop with ``Exit.UPLOAD_FAILED``, and say where the snapshot
 is and that ``burst push`` uploads it). A traceback in either case would read as a
 crashed training and invite rerunning it.
 """
@@ -16,23 +16,23 @@ from collections.abc import Callable
 from typing import NoReturn, TypeVar
 
 from burst import events
+from burst.contract import Exit
 from burst.errors import StoreError
 from burst.snapshot import reader
 from burst.store import Store
-from burst.training import failure
 
 T = TypeVar("T")
 
 
 def at_start(store: Store, run_id: str, first: Callable[[], T]) -> T:
     """``first()``, the run's first call to its store; a store error there ends the
-    process in one line with ``EXIT_STORE_UNREACHABLE``."""
+    process in one line with ``Exit.STORE_UNREACHABLE``."""
     try:
         return first()
     except StoreError as exc:
         _say(f"run {run_id!r} cannot start: {exc}; nothing was trained, start it again "
              f"once {store.url} answers")
-        raise SystemExit(failure.EXIT_STORE_UNREACHABLE) from None
+        raise SystemExit(Exit.STORE_UNREACHABLE) from None
 
 
 def kept_locally(local: Store, run_id: str, step: int) -> bool:
@@ -47,14 +47,14 @@ def kept_locally(local: Store, run_id: str, step: int) -> bool:
 def upload_failed(local: Store, store: Store, run_id: str, step: int,
                   error: BaseException) -> NoReturn:
     """Training finished, its snapshot is in ``local``, the upload failed: say so, record
-    it in the local history, and end the process with ``EXIT_UPLOAD_FAILED``."""
+    it in the local history, and end the process with ``Exit.UPLOAD_FAILED``."""
     where = str(getattr(local, "root", local.url))
     why = " ".join(str(error).split()) or type(error).__name__
     events.record(local, run_id, "upload-failed", step=step, message=why, say=lambda _: None)
     _say(f"training finished at step {step}; snapshots kept locally at {where}; upload "
          f"failed: {why}; `burst push {run_id} --store {store.url} --local {where}` uploads "
-         f"them later; exit {failure.EXIT_UPLOAD_FAILED}")
-    raise SystemExit(failure.EXIT_UPLOAD_FAILED)
+         f"them later; exit {Exit.UPLOAD_FAILED}")
+    raise SystemExit(Exit.UPLOAD_FAILED)
 
 
 def _say(line: str) -> None:

@@ -44,6 +44,7 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
+from burst.contract import Reason
 from burst.store.settings import METADATA_URL_ENV
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
@@ -60,7 +61,6 @@ CLUSTER_INFO_ENV = "SKYPILOT_CLUSTER_INFO"
 DEFAULT_BASE = "http://169.254.169.254"  # the link-local metadata address of all three
 ALIBABA_BASE = "http://100.100.100.200"  # ECS's metadata service
 DEFAULT_GRACE = 30.0  # Kubernetes' terminationGracePeriodSeconds unless the pod says more
-NOTICE_REASON = "preemption"  # the snapshot reason, and the event's name below
 EVENT = "preemption-notice"
 CONNECT_TIMEOUT = 0.5
 READ_TIMEOUT = 10.0
@@ -483,7 +483,7 @@ class Watcher:
         self.notice = Notice(self.provider.name, seen, detail)
         _say(f"{self.provider.name} preemption notice: snapshot at the next step boundary, "
              "then upload it")
-        self.target.request_snapshot(NOTICE_REASON)  # first: the event is worth less
+        self.target.request_snapshot(Reason.PREEMPTION)  # first: the event is worth less
         with contextlib.suppress(Exception):
             self.target.record_event(EVENT, provider=self.provider.name, seen=seen,
                                      spot=self.spot,

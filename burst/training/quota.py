@@ -12,19 +12,18 @@ import os
 
 import torch
 
+from burst.contract import ENV_GPU_MEMORY_QUOTA
 from burst.errors import ConfigError
-
-ENV = "BURST_GPU_MEMORY_QUOTA"  # the same name as burst.supervise.coordinator.QUOTA_ENV
 
 
 def apply(raw: str | None = None) -> dict | None:
     """Cap this process's CUDA allocator to the quota in ``raw`` (default: the env);
     what was done, for the run's history, or None when no quota is set."""
-    raw = os.environ.get(ENV) if raw is None else raw
+    raw = os.environ.get(ENV_GPU_MEMORY_QUOTA) if raw is None else raw
     if not raw:
         return None
     if not raw.isdigit() or int(raw) <= 0:
-        raise ConfigError(f"${ENV} must be a positive number of bytes, got {raw!r}")
+        raise ConfigError(f"${ENV_GPU_MEMORY_QUOTA} must be a positive number of bytes, got {raw!r}")
     quota = int(raw)
     if not torch.cuda.is_available():
         return {"quota": quota, "applied": False}

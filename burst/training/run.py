@@ -42,6 +42,7 @@ from torch.nn.modules.module import register_module_buffer_registration_hook
 from torch.utils.data import DataLoader
 
 from burst import events
+from burst.contract import ENV_RUN_ID, Reason
 from burst.env import freeze, stager
 from burst.errors import ConfigError, SnapshotError, StoreError
 from burst.inputs import part as inputs_part
@@ -86,7 +87,6 @@ from burst.training.trackers import Trackers
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
-ENV_RUN_ID = "BURST_RUN_ID"
 # the persist interval of a run whose code leaves it to burst: an operator or a drill sets
 # the cadence without editing the script (a value the code gives always wins)
 ENV_PERSIST_SECONDS = "BURST_PERSIST_SECONDS"
@@ -95,8 +95,8 @@ INTERVALS_EVENT = "snapshot-intervals"  # the intervals chosen from measured cos
 # is stored: they write the same share of bytes at the same time, so far more than a
 # piece's upload; a rank that never reports (dead, hung) fails that snapshot, not the run.
 SHARD_TIMEOUT_SECONDS = 600.0
-STOP_REASON = "signal"  # the snapshot reason that also stops the run (SIGTERM/SIGINT)
-_ROUTINE_REASONS = ("periodic", "manual", "final")  # snapshots that may wait for the freeze
+# snapshots that may wait for the freeze
+_ROUTINE_REASONS = (Reason.PERIODIC, Reason.MANUAL, Reason.FINAL)
 
 
 class Run:
@@ -561,9 +561,9 @@ class Run:
         asked = self._guard.take_snapshot_request()  # request_snapshot, from another thread
         reason = reason or asked
         if self._guard.stop_requested:
-            reason = STOP_REASON
+            reason = Reason.SIGNAL
         if fencing.fenced(self.lineage):  # a newer launch took over: train no further
-            reason = fencing.REASON
+            reason = Reason.FENCED
         collective = self._group.collective
         if collective:  # every rank acts on the votes of the last boundary
             own, asked = (reason, asked), self._asked
@@ -571,12 +571,12 @@ class Run:
         else:
             persist = reason is not None or self._persist_due()
             shadow = self._adaptive.shadow_due(self.step)
-        if reason == fencing.REASON:
+        if reason == Reason.FENCED:
             fencing.stop(self, self.lineage)
         if persist or shadow:
-            self._capture(reason or "periodic", persist=persist)
+            self._capture(reason or Reason.PERIODIC, persist=persist)
             self._say_intervals()
-        if reason == STOP_REASON:  # a signal reached at least one rank: all stop here
+        if reason == Reason.SIGNAL:  # a signal reached at least one rank: all stop here
             self._guard.stop_at_boundary()
         if asked is not None:  # e.g. this node is about to be preempted: store it now
             self._guard.store_requested()
@@ -676,7 +676,7 @@ class Run:
 
     # -- snapshots ----------------------------------------------------------------------
 
-    def snapshot(self, reason: str = "manual", wait: bool = False) -> None:
+    def snapshot(self, reason: str = Reason.MANUAL, wait: bool = False) -> None:
         """Snapshot now if between steps, else at the end of the current step.
 
         On several ranks a snapshot between steps is a collective: call it on every rank
@@ -688,7 +688,7 @@ class Run:
         if wait:
             self._group.settle(self.flush)
 
-    def request_snapshot(self, reason: str = preemption.NOTICE_REASON) -> None:
+    def request_snapshot(self, reason: str = Reason.PREEMPTION) -> None:
         """From any thread: at the next step boundary persist a snapshot under ``reason``
         and wait there (up to ``grace_seconds``) until it is stored, then train on. It
         only sets a flag, like a signal: what a watcher thread calls (the preemption
@@ -717,7 +717,7 @@ class Run:
         if self._stager is not None:
             self._stager.stop()  # returns at once: never holds up the final snapshot
         self._vote.drain()  # the last boundary's votes: the final snapshot serves them all
-        self._capture("final", persist=True)
+        self._capture(Reason.FINAL, persist=True)
         upload_error: StoreError | None = None
         try:
             self._group.settle(self.flush)  # rank 0 stores it; every rank learns the outcome

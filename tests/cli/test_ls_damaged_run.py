@@ -9,11 +9,11 @@ import pytest
 from click.testing import CliRunner
 
 from burst.cli import main
+from burst.contract import Exit
 from burst.snapshot import format as fmt
 from burst.snapshot import lineage
 from burst.store import LocalStore, open_store
 from burst.store.base import Store
-from burst.training.failure import EXIT_RUNS_UNREADABLE
 from tests.helpers.snapshot_helpers import take
 from tests.helpers.store_servers import aws_env
 
@@ -50,7 +50,7 @@ def invoke(*args: str):
 
 def test_ls_lists_the_other_runs_and_names_the_bad_one_with_a_distinct_exit(store_url):
     result = invoke("ls", "--store", store_url)
-    assert result.exit_code == EXIT_RUNS_UNREADABLE, result.output
+    assert result.exit_code == Exit.RUNS_UNREADABLE, result.output
     assert "good" in result.stdout and "noisy" in result.stdout
     assert "unreadable" in result.stdout and "bad" in result.stdout
     assert "Traceback" not in result.output
@@ -60,7 +60,7 @@ def test_ls_lists_the_other_runs_and_names_the_bad_one_with_a_distinct_exit(stor
 
 def test_ls_json_carries_each_runs_error(store_url):
     result = invoke("ls", "--store", store_url, "--json")
-    assert result.exit_code == EXIT_RUNS_UNREADABLE
+    assert result.exit_code == Exit.RUNS_UNREADABLE
     runs = {run["run"]: run for run in json.loads(result.stdout)}
     assert sorted(runs) == ["bad", "good", "noisy"]
     assert runs["good"]["error"] is None and runs["good"]["newest_step"] == 20
@@ -71,10 +71,10 @@ def test_ls_json_carries_each_runs_error(store_url):
 
 def test_status_of_the_whole_store_degrades_per_run_too(store_url):
     table = invoke("status", "--store", store_url)
-    assert table.exit_code == EXIT_RUNS_UNREADABLE
+    assert table.exit_code == Exit.RUNS_UNREADABLE
     assert "good" in table.stdout and "unreadable" in table.stdout
     listed = invoke("status", "--store", store_url, "--json")
-    assert listed.exit_code == EXIT_RUNS_UNREADABLE
+    assert listed.exit_code == Exit.RUNS_UNREADABLE
     errors = {run["run"]: run["error"] for run in json.loads(listed.stdout)}
     assert errors["good"] is None and errors["noisy"] is None and errors["bad"]
 

@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import pytest
 
+from burst.contract import Exit
 from burst.errors import ConfigError
 from burst.launch.task import NodeSoftware, TaskSpec, render, spot_policy
 from burst.plan.cards import builtin
 from burst.plan.planner import Plan, Target
 from burst.plan.regions import place
-from burst.training.failure import EXIT_GPU_FAILURE, EXIT_OOM, EXIT_STOPPED
 from tests.helpers.sky_helpers import sky_view
 
 
@@ -40,9 +40,9 @@ def test_a_managed_job_recovers_gpu_failures_and_preemption_stops_only_and_carri
     for resources in task["resources"]:
         assert resources["job_recovery"] == {"strategy": "EAGER_NEXT_REGION",
                                              "max_restarts_on_errors": 0,
-                                             "recover_on_exit_codes": [EXIT_GPU_FAILURE,
-                                                                       EXIT_STOPPED]}
-        assert EXIT_OOM not in resources["job_recovery"]["recover_on_exit_codes"]
+                                             "recover_on_exit_codes": [Exit.GPU_FAILURE,
+                                                                       Exit.STOPPED]}
+        assert Exit.OOM not in resources["job_recovery"]["recover_on_exit_codes"]
     assert task["envs"]["BURST_MAX_RESTARTS"] == "4"
     assert task["envs"]["BURST_MAX_PREEMPTIONS"] == "50"  # preemptions bounded apart
 

@@ -321,14 +321,14 @@ def test_one_flaky_get_in_setup_is_retried_in_place(tmp_path, wheels, seaweed, s
 
 
 def test_a_setup_that_keeps_failing_ends_with_its_own_code(tmp_path):
-    from burst.training.failure import EXIT_SETUP_FAILED
+    from burst.contract import Exit
 
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "BURST_RUN_ID": RUN,
            "BURST_STORE": f"file://{tmp_path / 'empty'}", "BURST_LOCKFILE_DIGEST": DIGEST,
            "BURST_PYTHON": system_version(), "BURST_SETUP_BACKOFF": "0"}
     done = subprocess.run(["bash", "-c", rendered_setup()], capture_output=True, text=True,
                           env=env, timeout=300, check=False)
-    assert done.returncode == EXIT_SETUP_FAILED
+    assert done.returncode == Exit.SETUP_FAILED
     assert done.stderr.count("no wheelhouse for lockfile") == 3
     assert "setup failed 3 times (last exit 1)" in done.stderr
 

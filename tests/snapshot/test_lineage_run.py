@@ -8,10 +8,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import burst
 from burst import events
+from burst.contract import Exit
 from burst.snapshot import reader
 from burst.snapshot.lineage import FencedError
 from burst.store import LocalStore
-from burst.training.failure import EXIT_FENCED
 
 DATA = TensorDataset(torch.arange(40, dtype=torch.float32).reshape(20, 2), torch.arange(20))
 
@@ -53,7 +53,7 @@ def test_a_replaced_run_on_a_local_store_is_refused_then_stops_with_exit_90(tmp_
         a.snapshot(wait=True)
     with pytest.raises(SystemExit) as stopped:
         train(a, model_a, opt_a, steps=1)
-    assert stopped.value.code == EXIT_FENCED
+    assert stopped.value.code == Exit.FENCED
     store = LocalStore(tmp_path)
     assert reader.list_steps(store, "r") == [2]
     fenced = [e for e in events.read(store, "r") if e.get("event") == "fenced"]

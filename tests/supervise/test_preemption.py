@@ -21,9 +21,10 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import burst
 from burst import events
+from burst.contract import ENV_FAILURE_DIR, Exit, Reason
 from burst.snapshot import reader
 from burst.store import open_store
-from burst.training import failure, preemption
+from burst.training import preemption
 from tests.helpers.store_servers import ACCESS_KEY, SECRET_KEY, aws_env, free_port, wait_until
 
 AWS_TOKEN = "fake-imds-token"
@@ -191,7 +192,7 @@ def test_a_notice_asks_for_a_preemption_snapshot_and_records_the_event(provider)
         fake.preempt()
         assert target.done.wait(10)
         assert watcher.join(10)
-    assert target.requests == [preemption.NOTICE_REASON]
+    assert target.requests == [Reason.PREEMPTION]
     [(name, fields)] = target.events
     assert (name, fields["provider"]) == (preemption.EVENT, provider)
     assert fields["spot"] is (None if provider == "alibaba" else True)  # ECS does not say
@@ -416,7 +417,7 @@ def test_a_notice_gets_a_snapshot_uploaded_before_sigterm_and_nothing_is_lost(
                "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "AWS", "region": "us-east-1"}),
                preemption.ENV_METADATA_URL: fake.url, preemption.ENV_POLL: "0.05",
-               failure.RECORD_DIR_ENV: str(tmp_path / "failures")}
+               ENV_FAILURE_DIR: str(tmp_path / "failures")}
         process = subprocess.Popen([sys.executable, str(script), url], env=env, text=True,
                                    stdout=subprocess.PIPE, stderr=messages)
         progress = Progress(process)
@@ -430,7 +431,7 @@ def test_a_notice_gets_a_snapshot_uploaded_before_sigterm_and_nothing_is_lost(
             # in the store before any signal: committed (a manifest) and uploaded
             [first] = reader.list_steps(store, "spot")
             manifest = reader.read_manifest(store, "spot", first)
-            assert manifest is not None and manifest["reason"] == preemption.NOTICE_REASON
+            assert manifest is not None and manifest["reason"] == Reason.PREEMPTION
             assert first >= noticed_at
             wait_until(lambda: progress.last > first, "training after the notice", process,
                        timeout=30)
@@ -438,7 +439,7 @@ def test_a_notice_gets_a_snapshot_uploaded_before_sigterm_and_nothing_is_lost(
             code = terminate(process, grace=20)
             progress.finish()
     output = "".join(progress.lines) + (tmp_path / "stderr.log").read_text()
-    assert code == failure.EXIT_STOPPED, output
+    assert code == Exit.STOPPED, output
     assert reader.list_steps(store, "spot")[-1] == progress.last  # nothing past the last step
     history = events.read(store, "spot")
     [notice] = [e for e in history if e["event"] == preemption.EVENT]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from burst.contract import ENV_FAILURE_DIR, Exit
 from burst.training import failure
 from tests.conftest import run_example
 
@@ -20,14 +21,14 @@ def _records_after(tmp_path: Path, fault: str) -> tuple[subprocess.CompletedProc
     records = tmp_path / "failures"
     records.mkdir()
     done = run_example(tmp_path, "recorded", "--epochs", "1",
-                       env={"BURST_FAULT": fault, failure.RECORD_DIR_ENV: str(records),
+                       env={"BURST_FAULT": fault, ENV_FAILURE_DIR: str(records),
                             "BURST_FREEZE": "0"})
     return done, records
 
 
 def test_a_real_oom_leaves_an_oom_record_with_exit_code_86(tmp_path):
     done, records = _records_after(tmp_path, "oom@3")
-    assert done.returncode == failure.EXIT_OOM, done.stderr
+    assert done.returncode == Exit.OOM, done.stderr
     record = json.loads((records / "rank-0.json").read_text())
     assert record["kind"] == "oom" and record["exit_code"] == 86
     assert record["rank"] == 0 and record["step"] == 3 and record["pid"] > 0
@@ -35,14 +36,14 @@ def test_a_real_oom_leaves_an_oom_record_with_exit_code_86(tmp_path):
 
 def test_a_sticky_gpu_error_leaves_a_gpu_failure_record_with_exit_code_87(tmp_path):
     done, records = _records_after(tmp_path, "sticky@2")
-    assert done.returncode == failure.EXIT_GPU_FAILURE, done.stderr
+    assert done.returncode == Exit.GPU_FAILURE, done.stderr
     [record] = failure.read_records(records)
     assert (record["kind"], record["exit_code"], record["step"]) == ("gpu-failure", 87, 2)
 
 
 def test_a_sigterm_stop_at_a_step_boundary_leaves_a_signal_record_with_exit_code_88(tmp_path):
     done, records = _records_after(tmp_path, "term@2")
-    assert done.returncode == failure.EXIT_STOPPED, done.stderr
+    assert done.returncode == Exit.STOPPED, done.stderr
     [record] = failure.read_records(records)
     assert (record["kind"], record["exit_code"], record["step"]) == ("signal", 88, 2)
 
@@ -69,23 +70,23 @@ def test_the_grace_period_watchdog_leaves_a_signal_record_with_exit_code_88(tmp_
     records = tmp_path / "failures"
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "store")],
                           capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, failure.RECORD_DIR_ENV: str(records),
+                          env={**os.environ, ENV_FAILURE_DIR: str(records),
                                "BURST_FREEZE": "0"})
-    assert done.returncode == failure.EXIT_STOPPED, done.stderr
+    assert done.returncode == Exit.STOPPED, done.stderr
     assert "slept through" not in done.stdout
     [record] = failure.read_records(records)
     assert (record["kind"], record["exit_code"], record["step"]) == ("signal", 88, 0)
 
 
 def test_without_the_variable_no_record_is_written(tmp_path, monkeypatch):
-    monkeypatch.delenv(failure.RECORD_DIR_ENV, raising=False)
+    monkeypatch.delenv(ENV_FAILURE_DIR, raising=False)
     monkeypatch.chdir(tmp_path)
     assert failure.write_record("oom", 86, step=3, rank=0) is None
     assert list(tmp_path.iterdir()) == []
 
 
 def test_write_record_replaces_the_ranks_file_and_leaves_no_temporary(tmp_path, monkeypatch):
-    monkeypatch.setenv(failure.RECORD_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(ENV_FAILURE_DIR, str(tmp_path))
     failure.write_record("signal", 88, step=4, rank=1)
     path = failure.write_record("oom", 86, step=5, rank=1, detail="second failure")
     assert path == tmp_path / "rank-1.json"
@@ -98,12 +99,12 @@ def test_write_record_into_an_unwritable_place_returns_none_instead_of_raising(
         tmp_path, monkeypatch):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    monkeypatch.setenv(failure.RECORD_DIR_ENV, str(blocker / "records"))
+    monkeypatch.setenv(ENV_FAILURE_DIR, str(blocker / "records"))
     assert failure.write_record("oom", 86, step=1, rank=0) is None
 
 
 def test_read_records_skips_a_corrupt_file(tmp_path, monkeypatch):
-    monkeypatch.setenv(failure.RECORD_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(ENV_FAILURE_DIR, str(tmp_path))
     failure.write_record("gpu-failure", 87, step=7, rank=1)
     (tmp_path / "rank-0.json").write_text('{"kind": "oom", "exit_co')  # torn by hand
     records = failure.read_records(tmp_path)
@@ -111,7 +112,7 @@ def test_read_records_skips_a_corrupt_file(tmp_path, monkeypatch):
 
 
 def test_read_records_sorts_by_rank_numerically(tmp_path, monkeypatch):
-    monkeypatch.setenv(failure.RECORD_DIR_ENV, str(tmp_path))
+    monkeypatch.setenv(ENV_FAILURE_DIR, str(tmp_path))
     for rank in (10, 2, 0):
         failure.write_record("oom", 86, step=1, rank=rank)
     assert [r["rank"] for r in failure.read_records(tmp_path)] == [0, 2, 10]

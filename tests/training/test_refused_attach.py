@@ -14,12 +14,12 @@ import torch
 from torch.utils.data import TensorDataset
 
 import burst
+from burst.contract import Exit
 from burst.errors import BurstError
 from burst.snapshot import format as fmt
 from burst.snapshot import reader
 from burst.store import LocalStore
 from burst.training import preemption
-from burst.training.failure import EXIT_FENCED
 
 DATA = TensorDataset(torch.arange(40, dtype=torch.float32).reshape(20, 2), torch.arange(20))
 SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2, signal.SIGHUP)
@@ -102,7 +102,7 @@ def test_a_launch_replaced_before_it_attached_stops_and_undoes_the_attach(store_
     before, threads = process_state(), set(threading.enumerate())
     with pytest.raises(SystemExit) as stopped:
         replaced.attach(model, optimizer)
-    assert stopped.value.code == EXIT_FENCED
+    assert stopped.value.code == Exit.FENCED
     assert process_state() == before
     assert started(threads) == []
     assert newer.lineage.generation > replaced.lineage.generation

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 import burst
+from burst.contract import Exit
 from burst.snapshot import reader
 from burst.store import open_store, retry
-from burst.training import failure
 from tests.helpers.fault_proxy import FaultProxy, start
 from tests.helpers.store_servers import aws_env, free_port
 
@@ -32,7 +32,7 @@ def test_a_run_started_while_its_store_is_unreachable_stops_in_one_line(
     dead = f"http://127.0.0.1:{free_port()}"  # nothing listens there
     done = subprocess.run([sys.executable, "-c", START, dead, str(tmp_path / "tier")],
                           capture_output=True, text=True, timeout=300, check=False)
-    assert done.returncode == failure.EXIT_STORE_UNREACHABLE, done.stderr
+    assert done.returncode == Exit.STORE_UNREACHABLE, done.stderr
     assert "trained" not in done.stdout and "Traceback" not in done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "cannot reach" in lines[0] and "nothing was trained" in lines[0]
@@ -58,7 +58,7 @@ def test_close_when_only_uploads_fail_says_training_finished_and_where_the_snaps
     finally:
         server.shutdown()
         server.server_close()
-    assert exited.value.code == failure.EXIT_UPLOAD_FAILED
+    assert exited.value.code == Exit.UPLOAD_FAILED
     err = capsys.readouterr().err
     said = [line for line in err.splitlines() if "upload failed" in line]
     assert len(said) == 1 and said[0].startswith("burst: training finished"), err
