@@ -25,10 +25,9 @@ from burst.cli.options import (
 from burst.cli.plan import OFFLINE_ENV
 from burst.cli.wheels import wheels_options
 from burst.env import wheelchoice
-from burst.errors import BurstError, ConfigError
-from burst.launch import Launcher, Reporter
-from burst.launch.local import Faults, LocalLauncher
-from burst.launch.skypilot import MODES, SkyPilotLauncher
+from burst.errors import BurstError
+from burst.launch import STUB_ROOT_ENV, Launcher, Reporter, open_launcher
+from burst.launch.skypilot import MODES
 from burst.launch.ssh import SSHLauncher, Target
 from burst.launch.task import NodeSoftware, spot_policy
 from burst.node import restarts
@@ -38,29 +37,12 @@ from burst.resume import node, reach
 from burst.resume import status as run_status
 from burst.store import open_store
 
-STUB_ROOT_ENV = "BURST_STUB_ROOT"
 
-
-def make_launcher(to: str, options: dict) -> Launcher:
-    """``skypilot``, ``local`` or ``ssh://user@host[:port]`` with its options."""
-    if to == "skypilot":
-        return SkyPilotLauncher(options.get("mode") or "jobs", options.get("cluster"),
-                                options.get("idle_minutes") or 10, bool(options.get("keep")))
-    if to == "local":
-        root = options.get("stub_root") or os.environ.get(STUB_ROOT_ENV) or ".burst-nodes"
-        faults = Faults(options.get("stub_fail_first") or 0, options.get("stub_preempt_at"),
-                        options.get("stub_preempt") or "term",
-                        tuple(options.get("stub_faults") or ()))
-        return LocalLauncher(root, faults, node_python=options.get("node_python"),
-                             mode=options.get("mode") or "jobs", keep=bool(options.get("keep")),
-                             system=options.get("stub_system"))
+def _launcher(to: str, options: dict) -> Launcher:
+    """The launcher ``--to`` names; an ssh:// URL that does not parse is a usage error."""
     if to.startswith("ssh://"):
-        target = Target.parse(check_parses(to, "--to"), options.get("ssh_config"), options.get("identity"),
-                              options.get("known_hosts"))
-        return SSHLauncher(target, options.get("remote_dir") or "~/burst-node",
-                           bool(options.get("accept_new_host")),
-                           options.get("node_python") or "python3")
-    raise ConfigError(f"--to {to!r}: use skypilot, local or ssh://[user@]host[:port]")
+        check_parses(to, "--to")
+    return open_launcher(to, options)
 
 
 def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool = False,
@@ -185,7 +167,7 @@ def resume_command(run_id: str | None, command: tuple[str, ...], dry_run: bool,
     console = make_console(stderr=True)
     if options.get("attach"):
         sys.exit(run_attach(run_id, options, console))
-    launcher = make_launcher(str(options["to"]), options)
+    launcher = _launcher(str(options["to"]), options)
 
     def say(message: str) -> None:
         console.print(f"burst: {escape(message)}")
@@ -282,7 +264,7 @@ def agent_launcher(store_url: str, local_url: str, to: str) -> Callable[[str], i
                    "max_restarts": restarts.DEFAULT_MAX_RESTARTS,
                    "offline": bool(os.environ.get(OFFLINE_ENV))}
         try:
-            launcher = make_launcher(to, options)
+            launcher = _launcher(to, options)
             prepared = resume.prepare(_request(run_id, options, ()),
                                       say=lambda m: console.print(f"burst: {escape(m)}"))
             return run_launch(prepared, launcher, console)
