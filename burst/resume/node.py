@@ -23,9 +23,10 @@ from burst import config as user_config
 from burst import events
 from burst.contract import Exit
 from burst.env import check as envcheck
-from burst.env import codearchive, freeze, wheelhouse
+from burst.env import codearchive, freeze
 from burst.env import install as envinstall
 from burst.env import machine as envfacts
+from burst.env import rebuild as envrebuild
 from burst.env.lockfile import LockfileError
 from burst.errors import BurstError, ConfigError
 from burst.inputs import place as inputs_place
@@ -82,28 +83,19 @@ def setup(run_id: str, store: Store, *, python: str | None, venv: Path, code_dir
         say("the run has no frozen environment: using the interpreter as it is")
         return
     if python is None:
-        house = node_wheelhouse(store, run_id, lock.digest, say)
-        plan = envinstall.make_plan(lock, envinstall.detect_target(),
-                                    envinstall.Options(venv=venv, wheelhouse=house))
-        envinstall.execute(plan, echo=say)
-        for problem in envinstall.install_editable(plan, code_dir, echo=say):
+        # the wheelhouse where the bootstrap fetched it, completed from the store; the code
+        # is in place already (restored above, with the inputs), its editables install here
+        rebuilt = envrebuild.rebuild(lock, envinstall.detect_target(),
+                                     envinstall.Options(venv=venv), store=store, run_id=run_id,
+                                     wheelhouse_to=node_dir() / "wheelhouse",
+                                     code=envrebuild.Code(code_dir), say=say)
+        for problem in rebuilt.editable_failed:
             say(f"warning: {problem}")
-        python = plan.python
-    check_environment(lock, python, say)
+        python = rebuilt.plan.python
+        _judge(rebuilt.differences, say)
+    else:
+        check_environment(lock, python, say)
     _checked_marker().write_text(f"{lock.digest} {python}\n")
-
-
-def node_wheelhouse(store: Store, run_id: str, digest: str, say: Say = print) -> Path | None:
-    """The run's wheelhouse on this node, ``$BURST_NODE_DIR/wheelhouse``: where the
-    bootstrap fetched it (each wheel there is hash-checked and kept, nothing is fetched
-    twice), completed from the store; None when the store has none for this lockfile."""
-    if wheelhouse.load_index(store, run_id, digest) is None:
-        say(f"no wheelhouse for lockfile {digest[:12]} in the store: installing from an index")
-        return None
-    dest = node_dir() / "wheelhouse"
-    index = wheelhouse.download(store, run_id, digest, dest)
-    say(f"wheelhouse: {len(index.get('wheels') or [])} wheels in {dest}")
-    return dest
 
 
 def _frozen(store: Store, run_id: str, required: bool):
@@ -130,7 +122,11 @@ def _already_checked(digest: str, python: str) -> bool:
 def check_environment(lock, python: str, say: Say) -> None:
     """Errors (another torch major, another snapshot format) stop the node; the rest is
     reported, because a card change legitimately changes the torch build."""
-    differences = envcheck.compare(lock, envcheck.live_in(python))
+    _judge(envcheck.compare(lock, envcheck.live_in(python)), say)
+
+
+def _judge(differences: list[envcheck.Difference], say: Say) -> None:
+    """Say the differences that matter; raise on the first that breaks the snapshots."""
     errors = [d for d in differences if d.severity == envcheck.ERROR]
     for d in differences:
         if d.severity != envcheck.NOTE:
