@@ -58,11 +58,11 @@ from transformers import Trainer, TrainerCallback, TrainingArguments
 from transformers.integrations import MLflowCallback, TensorBoardCallback, WandbCallback
 from transformers.integrations.integration_utils import default_logdir, rewrite_logs
 
+from burst.contract import ENV_AMP
 from burst.errors import ConfigError
 from burst.integrations.loop import ForeignLoop
 from burst.state import rng
 from burst.training import failure
-from burst.training.layout import ENV_AMP
 from burst.training.run import Run
 from burst.training.sampler import ResumableSampler
 

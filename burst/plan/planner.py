@@ -25,6 +25,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from burst.contract import PlanEnv
 from burst.errors import ConfigError
 from burst.plan.cards import GIB, Card
 from burst.plan.facts import RunFacts
@@ -36,16 +37,6 @@ CONTEXT_RESERVE = 512 << 20  # CUDA context and driver state: outside max_memory
 AMP_POLICIES = ("auto", "keep", "bf16", "fp16", "none")
 SPOT_POLICIES = ("first", "never", "only")
 SCALING = {"one": 1.0, "node": 0.9, "nodes": 0.8}  # assumed data-parallel efficiency
-
-ENV_MICRO_BATCH = "BURST_MICRO_BATCH"
-ENV_ACCUMULATION = "BURST_ACCUMULATION"
-ENV_WORLD_SIZE = "BURST_WORLD_SIZE"
-ENV_AMP = "BURST_AMP"
-ENV_GRAD_SCALER = "BURST_GRAD_SCALER"
-ENV_TF32 = "BURST_TF32"
-ENV_PROBE = "BURST_PROBE"
-ENV_PROBE_MICRO_BATCHES = "BURST_PROBE_MICRO_BATCHES"
-
 
 class PlanError(ConfigError):
     """No plan for this target; the message says why, ``choices`` what would work."""
@@ -151,16 +142,10 @@ class Plan:
 
     def to_env(self) -> dict[str, str]:
         """The environment that carries this plan to the new node (read by ``burst.Run``)."""
-        return {
-            ENV_MICRO_BATCH: str(self.micro_batch),
-            ENV_ACCUMULATION: str(self.accumulation),
-            ENV_WORLD_SIZE: str(self.world_size),
-            ENV_AMP: self.amp or "none",
-            ENV_GRAD_SCALER: "1" if self.grad_scaler else "0",
-            ENV_TF32: "1" if self.tf32 else "0",
-            ENV_PROBE: "1" if self.probe else "0",
-            ENV_PROBE_MICRO_BATCHES: ",".join(map(str, self.probe_micro_batches)),
-        }
+        return PlanEnv(micro_batch=self.micro_batch, accumulation=self.accumulation,
+                       world_size=self.world_size, amp=self.amp or "none",
+                       grad_scaler=self.grad_scaler, tf32=self.tf32, probe=self.probe,
+                       probe_micro_batches=tuple(self.probe_micro_batches)).to_env()
 
     def to_dict(self) -> dict[str, Any]:
         target = self.target

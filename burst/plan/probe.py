@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from burst.contract import ENV_PROBE_MICRO_BATCHES, parse_sizes
 from burst.errors import BurstError, ConfigError
-from burst.plan.planner import ENV_PROBE_MICRO_BATCHES
 
 _OOM_MESSAGES = ("out of memory", "cudnn_status_not_supported",
                  "cublas_status_alloc_failed", "can't allocate memory")
@@ -72,13 +72,9 @@ def sizes_from_env(environ: Mapping[str, str] | None = None) -> list[int]:
     """The sizes a plan asked the node to probe (``BURST_PROBE_MICRO_BATCHES``)."""
     raw = (os.environ if environ is None else environ).get(ENV_PROBE_MICRO_BATCHES, "")
     try:
-        sizes = [int(part) for part in raw.split(",") if part.strip()]
-    except ValueError:
-        raise ConfigError(f"${ENV_PROBE_MICRO_BATCHES} must be comma-separated integers, "
-                          f"got {raw!r}") from None
-    if any(size < 1 for size in sizes):
-        raise ConfigError(f"${ENV_PROBE_MICRO_BATCHES} holds a size below 1: {raw!r}")
-    return sizes
+        return list(parse_sizes(raw))
+    except ValueError as error:  # the contract's one-line message, as a user's error
+        raise ConfigError(str(error)) from None
 
 
 def _free() -> None:

@@ -40,6 +40,16 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from burst import events
+from burst.contract import (
+    ENV_LOCKFILE_DIGEST,
+    ENV_PLAN_AMP,
+    ENV_PLAN_MARGIN,
+    ENV_PLAN_MICRO_BATCH,
+    ENV_PYTHON,
+    ENV_RUN_ID,
+    ENV_SPEC,
+    ENV_STORE,
+)
 from burst.env import codearchive, freeze, interpreter, wheelchoice
 from burst.env import wheelhouse as wheels
 from burst.env.lockfile import Lockfile, LockfileError
@@ -59,7 +69,6 @@ from burst.plan import planner
 from burst.plan.replan import Replan, replan
 from burst.resume import bucket_region, entrypoint, mirrors, reach, wheelpolicy
 from burst.resume import status as run_status
-from burst.resume.node import PLAN_AMP_ENV, PLAN_MARGIN_ENV, PLAN_MICRO_ENV
 from burst.snapshot import reader as snapshot
 from burst.snapshot import sync
 from burst.store import Store, is_local, open_store
@@ -132,7 +141,7 @@ def default_spec() -> str:
     """What the node pip-installs to get burst: this version, from the package index."""
     from burst import __version__
 
-    return os.environ.get("BURST_SPEC") or f"burst-failover=={__version__}"
+    return os.environ.get(ENV_SPEC) or f"burst-failover=={__version__}"
 
 
 def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
@@ -398,9 +407,9 @@ def store_addresses(envs: Mapping[str, str]) -> dict[str, str]:
     endpoint = envs.get(OPTIONS["endpoint_url"])
     if endpoint:
         out[OPTIONS["endpoint_url"]] = endpoint
-    store = envs.get("BURST_STORE", "")
+    store = envs.get(ENV_STORE, "")
     if urlparse(store).scheme == "sftp":
-        out["BURST_STORE"] = store
+        out[ENV_STORE] = store
     return out
 
 
@@ -494,17 +503,17 @@ def task_envs(request: Request, lock: Lockfile | None = None,
     url, options = resolve(request.store_url)
     if urlparse(url).scheme in ("", "file"):
         url = open_store(url).url  # absolute: the node's working directory is another
-    envs = {"BURST_RUN_ID": request.run_id, "BURST_STORE": url, "PYTHONUNBUFFERED": "1",
-            PLAN_AMP_ENV: request.options.amp, PLAN_MARGIN_ENV: str(request.options.margin)}
+    envs = {ENV_RUN_ID: request.run_id, ENV_STORE: url, "PYTHONUNBUFFERED": "1",
+            ENV_PLAN_AMP: request.options.amp, ENV_PLAN_MARGIN: str(request.options.margin)}
     if request.micro_batch is not None:
-        envs[PLAN_MICRO_ENV] = str(request.micro_batch)
+        envs[ENV_PLAN_MICRO_BATCH] = str(request.micro_batch)
     if lock is not None:
-        envs["BURST_LOCKFILE_DIGEST"] = lock.digest
+        envs[ENV_LOCKFILE_DIGEST] = lock.digest
         python = ".".join(str(lock.python.get("version", "")).split(".")[:2])
         if python:
-            envs["BURST_PYTHON"] = python
+            envs[ENV_PYTHON] = python
     if request.software.python is None and request.software.burst_spec:
-        envs["BURST_SPEC"] = request.software.burst_spec
+        envs[ENV_SPEC] = request.software.burst_spec
     for name, value in node_settings(request, options, warnings).items():
         envs[OPTIONS[name]] = value
     pem = _ca_certificate(options.get("ca_bundle"))

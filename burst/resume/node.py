@@ -21,7 +21,18 @@ from pathlib import Path
 
 from burst import config as user_config
 from burst import events
-from burst.contract import Exit
+from burst.contract import (
+    ENV_LOCAL,
+    ENV_NODE_DIR,
+    ENV_NODE_GPU,
+    ENV_PLAN_AMP,
+    ENV_PLAN_MARGIN,
+    ENV_PLAN_MICRO_BATCH,
+    ENV_RUN_ID,
+    ENV_STORE,
+    Exit,
+    PlanEnv,
+)
 from burst.env import check as envcheck
 from burst.env import codearchive, freeze
 from burst.env import install as envinstall
@@ -41,11 +52,7 @@ from burst.store import Store, open_store
 from burst.supervise.agent import Agent, Policy
 from burst.training import failure
 
-NODE_DIR_ENV = "BURST_NODE_DIR"
-GPU_ENV = "BURST_NODE_GPU"  # "cpu" or a card name: what NVML would say (tests, odd drivers)
-PLAN_AMP_ENV = "BURST_PLAN_AMP"
-PLAN_MARGIN_ENV = "BURST_PLAN_MARGIN"
-PLAN_MICRO_ENV = "BURST_PLAN_MICRO_BATCH"  # a micro-batch the user forced at resume time
+NODE_DIR_ENV = ENV_NODE_DIR  # the task's name for this node's directory (burst.contract)
 PULL_EVENT = "node-pull"  # a node's snapshot download: its bytes and seconds
 
 Say = Callable[[str], None]
@@ -59,7 +66,7 @@ def node_dir() -> Path:
 def run_identity(environ: Mapping[str, str] | None = None) -> tuple[str, str]:
     """The run id and store URL the task carries."""
     environ = os.environ if environ is None else environ
-    run_id, store = environ.get("BURST_RUN_ID"), environ.get("BURST_STORE")
+    run_id, store = environ.get(ENV_RUN_ID), environ.get(ENV_STORE)
     if not run_id or not store:
         raise ConfigError("burst node needs $BURST_RUN_ID and $BURST_STORE (set by the task)")
     return run_id, store
@@ -153,7 +160,7 @@ class Card:
 def detect_card(environ: Mapping[str, str] | None = None) -> Card:
     """``$BURST_NODE_GPU`` if set, else NVML (no CUDA context is created)."""
     environ = os.environ if environ is None else environ
-    forced = (environ.get(GPU_ENV) or "").strip()
+    forced = (environ.get(ENV_NODE_GPU) or "").strip()
     if forced:
         if forced.lower() == "cpu":
             return Card(None)
@@ -182,9 +189,9 @@ def plan_here(store: Store, run_id: str, card: Card, environ: Mapping[str, str] 
         raise BurstError(f"run {run_id!r} has no snapshot in {store.url}")
     forced = _forced_micro(environ)
     nodes = int(environ.get("SKYPILOT_NUM_NODES") or 1)
-    options = planner.Options(margin=float(environ.get(PLAN_MARGIN_ENV) or
+    options = planner.Options(margin=float(environ.get(ENV_PLAN_MARGIN) or
                                            planner.DEFAULT_MARGIN),
-                              amp=environ.get(PLAN_AMP_ENV) or "auto", spot="never")
+                              amp=environ.get(ENV_PLAN_AMP) or "auto", spot="never")
     if card.name is not None:
         from burst.plan.cards import load
 
@@ -239,19 +246,19 @@ def _kept(manifest: Mapping, card: Card, forced: int | None, nodes: int = 1,
     if world != saved:
         notes += (f"world size {saved} -> {world} ({nodes} node(s) x {per_node} process(es))",)
     accumulation = global_batch // (micro * world)
-    env = {planner.ENV_MICRO_BATCH: str(micro), planner.ENV_AMP: amp or "none",
-           planner.ENV_ACCUMULATION: str(accumulation), planner.ENV_WORLD_SIZE: str(world)}
+    env = PlanEnv(micro_batch=micro, accumulation=accumulation, world_size=world,
+                  amp=amp or "none").to_env()
     summary = {"card": what, "count": card.count, "nodes": nodes, "world_size": world,
                "micro_batch": micro, "accumulation": accumulation, "amp": amp, "probe": False}
     return NodePlan(env, summary, notes)
 
 
 def _forced_micro(environ: Mapping[str, str]) -> int | None:
-    raw = environ.get(PLAN_MICRO_ENV)
+    raw = environ.get(ENV_PLAN_MICRO_BATCH)
     if not raw:
         return None
     if not raw.isdigit() or int(raw) < 1:
-        raise ConfigError(f"${PLAN_MICRO_ENV} must be a positive integer, got {raw!r}")
+        raise ConfigError(f"${ENV_PLAN_MICRO_BATCH} must be a positive integer, got {raw!r}")
     return int(raw)
 
 
@@ -286,8 +293,8 @@ def run(command: Sequence[str], run_id: str, store_url: str, *, python: str | No
             errors=None if start is None else start.errors,
             preemptions=None if start is None else start.preemptions, **_where())
     inputs_place.place(store, run_id, node_dir(), say)  # kept if setup's are in place
-    env = {**plan.env, "BURST_LOCAL": str(local_dir), "PATH": _path_with(interpreter),
-           "BURST_RUN_ID": run_id, "BURST_STORE": store_url,
+    env = {**plan.env, ENV_LOCAL: str(local_dir), "PATH": _path_with(interpreter),
+           ENV_RUN_ID: run_id, ENV_STORE: store_url,
            **inputs_place.node_env(node_dir())}  # where setup placed the run's inputs
     agent = Agent(entrypoint.on_node(command, interpreter), run_id=run_id, store=local,
                   store_url=store_url,

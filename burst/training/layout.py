@@ -20,15 +20,16 @@ from typing import Any
 
 import torch
 
+from burst.contract import (  # the plan's names (burst.contract.PlanEnv)
+    ENV_ACCUMULATION,
+    ENV_AMP,
+    ENV_MICRO_BATCH,
+    ENV_TF32,
+    ENV_WORLD_SIZE,
+)
 from burst.errors import ConfigError, SnapshotError
 from burst.parallel import partition
 from burst.training.sampler import ResumableSampler
-
-ENV_MICRO_BATCH = "BURST_MICRO_BATCH"
-ENV_AMP = "BURST_AMP"
-ENV_ACCUMULATION = "BURST_ACCUMULATION"  # the rest of a plan: checked, not trusted blindly
-ENV_WORLD_SIZE = "BURST_WORLD_SIZE"
-ENV_TF32 = "BURST_TF32"
 
 
 @dataclass(frozen=True)

@@ -7,8 +7,8 @@ import weakref
 import pytest
 import torch
 
+from burst.contract import ENV_PROBE_MICRO_BATCHES
 from burst.errors import BurstError, ConfigError
-from burst.plan.planner import ENV_PROBE_MICRO_BATCHES
 from burst.plan.probe import find_micro_batch, is_oom, sizes_from_env
 
 
