@@ -31,7 +31,7 @@ from rich.table import Table
 
 from burst import events
 from burst.contract import Exit
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store import LocalStore
 
 EXAMPLE = Path(__file__).with_name("example_address.py")
@@ -111,7 +111,7 @@ class Demo:
                 "run": run_id, "failure": failure.get("kind"), "failed_in_step": failure.get("step"),
                 "resumed_from_step": resume.get("step", failure.get("snapshot_step")),
                 "micro_batch": resume.get("micro", 32),
-                "steps": snapshot.list_steps(LocalStore(self.store), run_id)[-1],
+                "steps": reader.list_steps(LocalStore(self.store), run_id)[-1],
                 "final_loss": self.losses(history)[-1],
                 "identical": all(torch.equal(p, reference[k]) for k, p in final.items()),
                 "max_param_diff": diff,

@@ -31,8 +31,7 @@ from burst.env.stager import STAGE_ENV
 from burst.errors import BurstError, SnapshotError, StoreError
 from burst.inputs.names import RECORD_ENV
 from burst.snapshot import format as fmt
-from burst.snapshot import reader as snapshot
-from burst.snapshot import retention, sync
+from burst.snapshot import reader, retention, sync
 from burst.snapshot.tensors import load_tensors
 from burst.state import capture as state
 from burst.store import LocalStore, open_store
@@ -65,7 +64,7 @@ def _good_run(root: Path) -> LocalStore:
 
 
 def _manifest_path(store: LocalStore) -> Path:
-    return store.root / fmt.manifest_key(RUN, snapshot.list_steps(store, RUN)[-1])
+    return store.root / fmt.manifest_key(RUN, reader.list_steps(store, RUN)[-1])
 
 
 def _rewrite(store: LocalStore, change) -> None:
@@ -92,8 +91,8 @@ def _no_freeze(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.mark.parametrize("bad_run", ["../other", "/etc", "victim/../../x", "a\\b", ""])
 def test_run_ids_that_leave_the_store_are_refused(tmp_path: Path, bad_run: str) -> None:
     store = _good_run(tmp_path / "store")
-    for call in (lambda: snapshot.list_steps(store, bad_run),
-                 lambda: snapshot.read_manifest(store, bad_run, 0),
+    for call in (lambda: reader.list_steps(store, bad_run),
+                 lambda: reader.read_manifest(store, bad_run, 0),
                  lambda: sync.push(store, LocalStore(tmp_path / "dst"), bad_run)):
         with pytest.raises(BurstError):
             call()
@@ -134,13 +133,13 @@ def test_a_blob_that_does_not_match_its_hash_is_refused(tmp_path: Path) -> None:
     blob = next(p for p in (store.root / RUN / "blobs").rglob("*") if p.is_file())
     data = bytearray(blob.read_bytes())
     data[0] ^= 1
-    for call in (lambda: snapshot.verify(store, RUN), lambda: _resume(store),
+    for call in (lambda: reader.verify(store, RUN), lambda: _resume(store),
                  lambda: sync.pull(store, LocalStore(tmp_path / "dst"), RUN),
                  lambda: sync.push(store, LocalStore(tmp_path / "dst2"), RUN)):
         blob.write_bytes(bytes(data))  # each path meets it (one that finds it deletes it)
         with pytest.raises(SnapshotError, match="corrupt"):
             call()
-    assert snapshot.list_steps(LocalStore(tmp_path / "dst"), RUN) == []
+    assert reader.list_steps(LocalStore(tmp_path / "dst"), RUN) == []
 
 
 def test_sizes_are_checked_before_anything_is_allocated(tmp_path: Path) -> None:
@@ -159,7 +158,7 @@ def test_sizes_are_checked_before_anything_is_allocated(tmp_path: Path) -> None:
     with open(path, "r+b") as f:  # a sparse 1 GiB "manifest"
         f.truncate(fmt.MAX_MANIFEST_BYTES + 1)
     with pytest.raises(SnapshotError, match="too big to be a manifest"):
-        snapshot.read_manifest(store, RUN)
+        reader.read_manifest(store, RUN)
 
 
 def _plant_pickles(store: LocalStore, canary: Path) -> None:
@@ -177,7 +176,7 @@ def _plant_pickles(store: LocalStore, canary: Path) -> None:
             "blob": digest, "dtype": "uint8", "shape": [len(data)], "offset": 0,
             "nbytes": len(data)}
     _manifest_path(store).write_bytes(json.dumps(manifest).encode())
-    step = snapshot.list_steps(store, RUN)[-1]
+    step = reader.list_steps(store, RUN)[-1]
     store.put(fmt.manifest_key(RUN, step + 1), payload)  # a "manifest" that is a pickle
     for key in ("env/lockfile.json", "env/lock.json", "code/latest.json", "events.jsonl",
                 "env/facts.json", f"uploads/{step + 2:012d}.json"):
@@ -201,7 +200,7 @@ def test_planted_pickles_never_execute(tmp_path: Path, monkeypatch: pytest.Monke
                  ["report", RUN, "--store", url, "--out", str(tmp_path / "report")]):
         result = runner.invoke(main, args)
         assert "Traceback" not in result.output, (args, result.output)
-    for call in (lambda: _resume(store), lambda: snapshot.verify(store, RUN)):
+    for call in (lambda: _resume(store), lambda: reader.verify(store, RUN)):
         with contextlib.suppress(BurstError):
             call()
     assert not canary.exists(), "a planted pickle was executed"
@@ -221,7 +220,7 @@ def test_hostile_keys_in_a_listing_are_ignored(moto_s3, tmp_path: Path,
     assert all(".." not in k and " " not in k for k in remote.list(f"{RUN}/"))
     local = LocalStore(tmp_path / "work" / "dst")
     sync.pull(remote, local, RUN)
-    snapshot.verify(local, RUN)
+    reader.verify(local, RUN)
     escaped = [p for p in tmp_path.rglob("*") if p.name in ("escaped", "x", "a b")]
     assert escaped == []
     retention.gc(remote, RUN, keep_last=1)  # a hostile key does not stop GC either
@@ -242,7 +241,7 @@ def test_a_planted_symlink_is_not_written_through(tmp_path: Path) -> None:
 
 def test_state_decoding_builds_only_plain_values(tmp_path: Path) -> None:
     store = _good_run(tmp_path / "store")
-    manifest = snapshot.read_manifest(store, RUN)
+    manifest = reader.read_manifest(store, RUN)
     assert manifest is not None
     manifest["state"]["extra"] = {"$dict": [["__class__", {"$dtype": "float32"}]],
                                   "x": {"$tuple": [{"$float": "nan"}]}}
@@ -274,7 +273,7 @@ def _cli(*args: str) -> tuple[int, str]:
 
 def test_a_directory_symlink_never_takes_writes_outside_the_store(tmp_path: Path) -> None:
     source = _good_run(tmp_path / "src")
-    manifest = snapshot.read_manifest(source, RUN)
+    manifest = reader.read_manifest(source, RUN)
     assert manifest is not None
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
@@ -285,7 +284,7 @@ def test_a_directory_symlink_never_takes_writes_outside_the_store(tmp_path: Path
     with pytest.raises(StoreError, match="symbolic link"):
         sync.push(source, dst, RUN)
     assert list(elsewhere.iterdir()) == []
-    assert snapshot.list_steps(dst, RUN) == []
+    assert reader.list_steps(dst, RUN) == []
 
 
 def test_reads_never_follow_a_symlink_out_of_the_store(tmp_path: Path) -> None:
@@ -321,23 +320,23 @@ def test_a_deeply_nested_event_line_costs_a_warning_not_the_command(tmp_path: Pa
 
 def test_manifest_names_that_no_step_has_are_not_listed(tmp_path: Path) -> None:
     store = _good_run(tmp_path / "store")
-    (step,) = snapshot.list_steps(store, RUN)
+    (step,) = reader.list_steps(store, RUN)
     data = _manifest_path(store).read_bytes()
     for name in ("99999999999999999999999.json", "7.json", "000000000007.json\n",
                  "\u0660" * 11 + "\u0667.json"):  # Arabic-Indic digits
         (_manifest_path(store).parent / name).write_bytes(data)
-    assert snapshot.list_steps(store, RUN) == [step]
+    assert reader.list_steps(store, RUN) == [step]
     code, output = _cli("ls", RUN, "--store", str(store.root))
     assert code == 0 and output.count(RUN) >= 1 and "99999" not in output
 
 
 def test_a_manifest_renamed_to_another_step_is_refused(tmp_path: Path) -> None:
     store = _good_run(tmp_path / "store")
-    (step,) = snapshot.list_steps(store, RUN)
+    (step,) = reader.list_steps(store, RUN)
     path = _manifest_path(store)
     path.rename(path.with_name(f"{step + 7:012d}.json"))
     with pytest.raises(SnapshotError, match="not the step its name says"):
-        snapshot.verify(store, RUN)
+        reader.verify(store, RUN)
     code, output = _cli("verify", RUN, "--store", str(store.root))
     assert code == 1 and len(output.strip().splitlines()) == 1
 
@@ -347,9 +346,9 @@ def test_steps_out_of_range_are_refused_on_read(tmp_path: Path, step: object) ->
     store = _good_run(tmp_path / "store")
     _rewrite(store, lambda m: m.update(step=step))
     with pytest.raises(SnapshotError, match="step"):
-        snapshot.verify(store, RUN)
+        reader.verify(store, RUN)
     with pytest.raises(SnapshotError, match="not a step number"):
-        snapshot.read_manifest(store, RUN, 10**30)
+        reader.read_manifest(store, RUN, 10**30)
 
 
 def test_a_digest_with_a_trailing_newline_is_refused_by_ls_and_show(tmp_path: Path) -> None:
@@ -362,7 +361,7 @@ def test_a_digest_with_a_trailing_newline_is_refused_by_ls_and_show(tmp_path: Pa
 
     _rewrite(store, add_newline)
     with pytest.raises(SnapshotError, match="not a hex digest"):
-        snapshot.read_manifest(store, RUN)
+        reader.read_manifest(store, RUN)
     for command in ("show", "ls"):
         code, output = _cli(command, RUN, "--store", str(store.root))
         assert code == 1 and "not a hex digest" in output, (command, output)
@@ -378,7 +377,7 @@ def _two_snapshots(store: LocalStore) -> str:
         model.weight.add_(1.0)
     run.step = 5
     run.snapshot("manual", wait=True)
-    old, new = (snapshot.read_manifest(store, RUN, s) for s in (0, 5))
+    old, new = (reader.read_manifest(store, RUN, s) for s in (0, 5))
     assert old is not None and new is not None
     (digest,) = set(new["blobs"]) - set(old["blobs"])
     return digest
@@ -540,7 +539,7 @@ def test_a_manifest_of_a_million_empty_objects_is_refused_in_memory_bounded_by_i
     size = path.stat().st_size
     assert size <= fmt.MAX_MANIFEST_BYTES
     with pytest.raises(SnapshotError, match="JSON objects and arrays: more than"):
-        snapshot.read_manifest(store, RUN)
+        reader.read_manifest(store, RUN)
     # measured in a process of its own: no other test's threads allocate meanwhile
     done = subprocess.run([sys.executable, "-c", PEAK, str(path)], capture_output=True,
                           text=True, timeout=120, check=True)
@@ -557,7 +556,7 @@ def test_a_pull_falls_back_when_the_newest_snapshots_blob_folder_leads_out_of_th
     store = LocalStore(tmp_path / "store")
     digest = _two_snapshots(store)
     folder = (store.root / fmt.blob_key(RUN, digest)).parent
-    old = snapshot.read_manifest(store, RUN, 0)
+    old = reader.read_manifest(store, RUN, 0)
     assert old is not None and not any(d[:2] == digest[:2] for d in old["blobs"])
     shutil.move(folder, tmp_path / "outside")
     os.symlink(tmp_path / "outside", folder)
@@ -565,4 +564,4 @@ def test_a_pull_falls_back_when_the_newest_snapshots_blob_folder_leads_out_of_th
                         "--local", str(tmp_path / "pulled"))
     assert code == 0, output
     assert "falling back to step 0" in output
-    assert snapshot.list_steps(LocalStore(tmp_path / "pulled"), RUN) == [0]
+    assert reader.list_steps(LocalStore(tmp_path / "pulled"), RUN) == [0]

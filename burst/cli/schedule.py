@@ -28,8 +28,7 @@ from burst.deadline.handoff import DEFAULT_WAIT, Handoff
 from burst.deadline.timespec import human, iso, parse_deadline, parse_duration, parse_instant
 from burst.errors import ConfigError
 from burst.preflight.check import for_schedule
-from burst.snapshot import reader as snapshot
-from burst.snapshot import sync
+from burst.snapshot import reader, sync
 from burst.store import LocalStore, open_store
 from burst.store.base import Store
 
@@ -139,7 +138,7 @@ def _stores(run_id: str, local_url: str, store_url: str) -> tuple[Store, Store]:
     if local.url == remote.url:
         raise ConfigError(f"--store is the local tier itself ({local.url}): backups need "
                           "another store, e.g. --store s3://bucket/burst or --store oss://...")
-    if not snapshot.list_steps(local, run_id) and not events.read(local, run_id):
+    if not reader.list_steps(local, run_id) and not events.read(local, run_id):
         raise ConfigError(f"unknown run {run_id!r}: no snapshots or events in {local.url} "
                           "(check RUN_ID and --local)")
     return local, remote
@@ -150,7 +149,7 @@ def _policy(local: Store, run_id: str, deadline: datetime, margin: timedelta | N
             recoveries: int) -> rules.Policy:
     """The deadline policy: the margin from the newest snapshot's size (or --margin) and
     the cloud pace from the planner (or --cloud-speedup)."""
-    manifest = snapshot.read_manifest(local, run_id)
+    manifest = reader.read_manifest(local, run_id)
     pace = sched.cloud_pace(local, run_id, total_steps=total_steps, cards=cards,
                             speedup=speedup, config=_config())
     return rules.Policy(deadline, sched.margin_for(manifest, margin), pace, recoveries)

@@ -15,7 +15,7 @@ from burst.cli.options import json_option, open_existing, store_option, store_se
 from burst.cli.progress import transfer_bar
 from burst.contract import Exit
 from burst.errors import SnapshotError
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.snapshot.catalog import human_bytes, list_runs, snapshot_rows, unreadable
 from burst.store import Store
 
@@ -98,7 +98,7 @@ def exit_if_unreadable(runs: list[dict]) -> None:
 @store_settings
 def show(run_id: str, step: int | None, store_url: str, settings: dict) -> None:
     """Print a snapshot's manifest (without its state tree) as JSON."""
-    manifest = snapshot.read_manifest(open_existing(store_url, **settings), run_id, step)
+    manifest = reader.read_manifest(open_existing(store_url, **settings), run_id, step)
     if manifest is None:
         raise SnapshotError(f"run {run_id!r} has no snapshot")
     manifest = {k: v for k, v in manifest.items() if k not in ("state", "tensors")}
@@ -116,7 +116,7 @@ def verify(run_id: str, step: int | None, every: bool, store_url: str, settings:
            as_json: bool) -> None:
     """Check a snapshot's manifest and every blob's size and hash (reads every byte)."""
     store = open_existing(store_url, **settings)
-    steps = snapshot.list_steps(store, run_id) if every else [step]
+    steps = reader.list_steps(store, run_id) if every else [step]
     if every and not steps:
         raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")
     results = []
@@ -142,7 +142,7 @@ def verify(run_id: str, step: int | None, every: bool, store_url: str, settings:
 def _verify_one(store: Store, run_id: str, step: int | None,
                 progress: Callable[[int, int], None]) -> dict:
     try:
-        manifest = snapshot.verify(store, run_id, step)
+        manifest = reader.verify(store, run_id, step)
     except SnapshotError as exc:
         if step is None:
             raise

@@ -34,8 +34,7 @@ from burst.deadline.policy import Decision, Policy, Progress
 from burst.deadline.timespec import iso
 from burst.errors import BurstError
 from burst.plan.replan import replan
-from burst.snapshot import reader as snapshot
-from burst.snapshot import sync
+from burst.snapshot import reader, sync
 from burst.store.base import Store
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
@@ -141,7 +140,7 @@ def backup(local: Store, remote: Store, run_id: str) -> BackupResult:
     failure becomes a failed ``schedule-backup`` event and the next tick tries again.
     """
     try:
-        steps = snapshot.list_steps(local, run_id)
+        steps = reader.list_steps(local, run_id)
         if not steps:
             return BackupResult(False, error=f"no snapshot of {run_id!r} in {local.url} yet")
         transfer = sync.push_snapshot(local, remote, run_id, steps[-1])
@@ -381,7 +380,7 @@ def observer(local: Store, history: Store, run_id: str, *, total_steps: int | No
 
     def observe(now: datetime) -> Progress:
         try:
-            manifest = snapshot.read_manifest(local, run_id)
+            manifest = reader.read_manifest(local, run_id)
         except Exception:  # a half-written or unreadable manifest: the events still tell
             manifest = None
         return policy_rules.measure(events.read(history, run_id), now, total_steps=total_steps,

@@ -35,8 +35,7 @@ from burst.env import codearchive, lockfile, wheelchoice, wheelhouse
 from burst.errors import BurstError
 from burst.inputs import part as inputs_part
 from burst.redact import scrub_text
-from burst.snapshot import priority
-from burst.snapshot import reader as snapshot
+from burst.snapshot import priority, reader
 from burst.store import is_local
 from burst.store.base import Store
 from burst.store.retry import retrying
@@ -335,7 +334,7 @@ def load_frozen(store: Store, run_id: str, step: int | None = None
     newest) names, else the newest frozen ones. Read through the retry policy: a
     cut-short body must not fail the push or resume that asked."""
     store = retrying(store)
-    manifest = snapshot.read_manifest(store, run_id, step)
+    manifest = reader.read_manifest(store, run_id, step)
     digest = (manifest or {}).get("lockfile_hash")
     code_ref = (manifest or {}).get("code_ref")
     if isinstance(digest, str) and store.size(lockfile.key(run_id, digest)) is None:

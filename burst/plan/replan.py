@@ -18,7 +18,7 @@ from burst import events
 from burst.errors import ConfigError, SnapshotError
 from burst.plan import cards as gpus
 from burst.plan import facts, offerings, planner, regions
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store.base import Store
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
@@ -65,7 +65,7 @@ def replan(
 ) -> Replan:
     """Plan the run ``run_id`` of ``store`` over the allowed ``cards`` (default: all)."""
     _check_counts(counts, nodes)
-    manifest = snapshot.read_manifest(store, run_id, step)
+    manifest = reader.read_manifest(store, run_id, step)
     if manifest is None:
         raise SnapshotError(f"run {run_id!r} has no snapshot in {store.url}")
     if epochs is not None and total_steps is None:

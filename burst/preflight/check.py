@@ -36,7 +36,7 @@ from burst.preflight import clouds, credentials, disk, environment, mainland, pl
 from burst.preflight.readiness import readiness_row
 from burst.preflight.store import store_rows
 from burst.preflight.table import FAIL, SKIP, Report, Row
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store import open_store
 from burst.store.base import Store, check_key
 from burst.store.settings import resolve
@@ -136,13 +136,13 @@ def _known(store: Store, local: Store | None, run_id: str) -> None:
 def has_run(store: Store, run_id: str) -> bool:
     """Whether ``store`` holds anything of the run a burst reads: a snapshot, its history
     or its frozen environment (small lookups and listings, never of its blobs)."""
-    return (bool(snapshot.list_steps(store, run_id)) or events.exists(store, run_id)
+    return (bool(reader.list_steps(store, run_id)) or events.exists(store, run_id)
             or store.size(lockfile.latest_key(run_id)) is not None)
 
 
 def _placement(store: Store, run_id: str, offline: bool, required: bool,
                region: str = "any") -> Row:
-    if not snapshot.list_steps(store, run_id):
+    if not reader.list_steps(store, run_id):
         return Row(placement.NAME, FAIL if required else SKIP,
                    f"run {run_id!r} has no snapshot in {store.url} to plan from",
                    f"push one: `burst push {run_id}`", required)
@@ -178,7 +178,7 @@ def remaining(store: Store, local: Store | None, run_id: str | None) -> tuple[ti
         return DEFAULT_HORIZON, f"no run named: assumed {_hours(DEFAULT_HORIZON)}"
     for source in (s for s in (local, store) if s is not None):
         try:
-            manifest = snapshot.read_manifest(source, run_id)
+            manifest = reader.read_manifest(source, run_id)
             if manifest is None:
                 continue
             run = facts.from_snapshot(manifest, events.read(source, run_id))

@@ -13,7 +13,7 @@ import shutil
 from pathlib import Path
 
 from burst.preflight.table import FAIL, OK, SKIP, Row
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.snapshot.catalog import human_bytes
 from burst.store.base import Store
 
@@ -32,7 +32,7 @@ def disk_row(local_root: Path | None, stores: list[Store], run_id: str) -> Row:
     ``stores``: where to look for the run's newest snapshot, the local tier first."""
     if local_root is None:
         return Row(NAME, SKIP, "no local tier on this machine")
-    manifest = next((m for m in (snapshot.read_manifest(s, run_id) for s in stores) if m),
+    manifest = next((m for m in (reader.read_manifest(s, run_id) for s in stores) if m),
                     None)
     if manifest is None:
         return Row(NAME, SKIP, f"run {run_id!r} has no snapshot yet to size the next one by")

@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 from burst import events
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store.base import Store
 from burst.training.metrics import EVENT as METRICS_EVENT
 
@@ -137,8 +137,8 @@ def _throughput(timeline: Timeline, history: list[dict], origin: float
 
 def _snapshots(store: Store, run_id: str) -> list[dict[str, Any]]:
     out = []
-    for step in snapshot.list_steps(store, run_id):
-        manifest = snapshot.read_manifest(store, run_id, step) or {}
+    for step in reader.list_steps(store, run_id):
+        manifest = reader.read_manifest(store, run_id, step) or {}
         batch = manifest.get("batch", {})
         out.append({"step": step, "reason": manifest.get("reason"), "time": manifest.get("time"),
                     "card": manifest.get("card"), "micro": batch.get("micro"),

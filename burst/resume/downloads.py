@@ -33,7 +33,7 @@ from burst.resume import wheelpolicy
 from burst.resume.mirrors import TORCH_ENV
 from burst.resume.node import PULL_EVENT
 from burst.snapshot import format as fmt
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.snapshot.traffic import MIN_MEASURED_BYTES
 from burst.store import Store
 
@@ -102,8 +102,8 @@ Source = Callable[[Context], list[Item]]
 
 def snapshot_items(context: Context) -> list[Item]:
     """The newest snapshot (the local tier's, when the store has not got it yet)."""
-    remote = snapshot.read_manifest(context.store, context.run_id)
-    local = snapshot.read_manifest(context.local, context.run_id) if context.local else None
+    remote = reader.read_manifest(context.store, context.run_id)
+    local = reader.read_manifest(context.local, context.run_id) if context.local else None
     newest = local if local and (remote is None or local["step"] > remote["step"]) else remote
     if newest is None:
         return []

@@ -69,8 +69,7 @@ from burst.plan import planner
 from burst.plan.replan import Replan, replan
 from burst.resume import bucket_region, entrypoint, mirrors, reach, wheelpolicy
 from burst.resume import status as run_status
-from burst.snapshot import reader as snapshot
-from burst.snapshot import sync
+from burst.snapshot import reader, sync
 from burst.store import Store, is_local, open_store
 from burst.store.oss import public_endpoint
 from burst.store.settings import OPTIONS, as_bool, resolve
@@ -167,7 +166,7 @@ def prepare(request: Request, say: Callable[[str], None] = print) -> Prepared:
     secrets, secret_warnings = secret_values(request)  # before anything changes
     warnings += secret_warnings
     pushed = None if request.dry_run else push_newer_local(store, request, say)
-    manifest = snapshot.read_manifest(store, request.run_id)
+    manifest = reader.read_manifest(store, request.run_id)
     if manifest is None:
         raise SnapshotError(f"run {request.run_id!r} has no complete snapshot in {store.url}")
     lock, code_ref = frozen_record(store, request, warnings)
@@ -283,8 +282,8 @@ def push_newer_local(store: Store, request: Request, say: Callable[[str], None])
         return None
     if local.url == store.url:
         return None
-    local_steps = snapshot.list_steps(local, request.run_id)
-    remote_steps = snapshot.list_steps(store, request.run_id)
+    local_steps = reader.list_steps(local, request.run_id)
+    remote_steps = reader.list_steps(store, request.run_id)
     if not local_steps or (remote_steps and remote_steps[-1] >= local_steps[-1]):
         return None
     say(f"pushing the newer local snapshot {request.run_id}@{local_steps[-1]} to {store.url}")

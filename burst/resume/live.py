@@ -15,7 +15,7 @@ from typing import Any
 
 from burst.errors import SnapshotError
 from burst.resume.status import last_failure, merged_events, pending_uploads, where
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store.base import Store
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
@@ -30,8 +30,8 @@ def live_view(store: Store, run_id: str, local: Store | None = None,
     """The run's pulse as plain values (``--json`` and every renderer print exactly this)."""
     now = now or datetime.now(UTC)
     history = merged_events(store, run_id, local)
-    remote_steps = snapshot.list_steps(store, run_id)
-    local_steps = snapshot.list_steps(local, run_id) if local is not None else []
+    remote_steps = reader.list_steps(store, run_id)
+    local_steps = reader.list_steps(local, run_id) if local is not None else []
     if not remote_steps and not local_steps and not history:
         raise SnapshotError(f"run {run_id!r} has nothing in {store.url}")
     newest = _newest(store, local, run_id, remote_steps, local_steps)
@@ -56,8 +56,8 @@ def _newest(store: Store, local: Store | None, run_id: str, remote_steps: list[i
             local_steps: list[int]) -> dict | None:
     if local is not None and local_steps and (not remote_steps or
                                               local_steps[-1] > remote_steps[-1]):
-        return snapshot.read_manifest(local, run_id)
-    return snapshot.read_manifest(store, run_id) if remote_steps else None
+        return reader.read_manifest(local, run_id)
+    return reader.read_manifest(store, run_id) if remote_steps else None
 
 
 def session_points(history: list[dict]) -> list[dict]:

@@ -46,8 +46,7 @@ from burst.plan import planner
 from burst.plan.replan import replan
 from burst.resume import entrypoint
 from burst.resume import status as run_status
-from burst.snapshot import reader as snapshot
-from burst.snapshot import sync
+from burst.snapshot import reader, sync
 from burst.store import Store, open_store
 from burst.supervise.agent import Agent, Policy
 from burst.training import failure
@@ -184,7 +183,7 @@ def plan_here(store: Store, run_id: str, card: Card, environ: Mapping[str, str] 
     world size is the processes the task starts (``SKYPILOT_NUM_GPUS_PER_NODE`` per node),
     not the GPUs NVML sees: a box with 8 GPUs running one process plans for one."""
     environ = os.environ if environ is None else environ
-    manifest = snapshot.read_manifest(store, run_id)
+    manifest = reader.read_manifest(store, run_id)
     if manifest is None:
         raise BurstError(f"run {run_id!r} has no snapshot in {store.url}")
     forced = _forced_micro(environ)
@@ -332,9 +331,9 @@ def fetch_snapshot(store: Store, local: Store, run_id: str, say: Say,
     would cost the whole state's download for nothing. One rank alone needs it all, so
     it is pulled as before."""
     environ = os.environ if environ is None else environ
-    newest = snapshot.read_manifest(store, run_id)
+    newest = reader.read_manifest(store, run_id)
     world = int(environ.get("SKYPILOT_NUM_NODES") or 1) * _gpus_per_node(environ)
-    if newest is not None and snapshot.is_sharded(newest) and world > 1:
+    if newest is not None and reader.is_sharded(newest) and world > 1:
         say(f"sharded snapshot {run_id}@{newest['step']}: each of the {world} ranks reads "
             "its own shards from the store")
         return newest["step"], store

@@ -16,7 +16,7 @@ from burst import events
 from burst.contract import Exit, Reason
 from burst.env import readiness
 from burst.errors import BurstError, SnapshotError
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store import Store
 from burst.training.adaptive import FIRST_PERSIST_SECONDS
 
@@ -36,13 +36,13 @@ def run_status(store: Store, run_id: str, local: Store | None = None,
                now: datetime | None = None) -> dict[str, Any]:
     """The run's status as plain values (``--json`` prints exactly this)."""
     history = merged_events(store, run_id, local)
-    remote_steps = snapshot.list_steps(store, run_id)
-    local_steps = snapshot.list_steps(local, run_id) if local is not None else []
+    remote_steps = reader.list_steps(store, run_id)
+    local_steps = reader.list_steps(local, run_id) if local is not None else []
     if not remote_steps and not local_steps and not history:
         raise SnapshotError(f"run {run_id!r} has nothing in {store.url}")
-    newest = snapshot.read_manifest(store, run_id) if remote_steps else None
+    newest = reader.read_manifest(store, run_id) if remote_steps else None
     if local is not None and local_steps and (not remote_steps or local_steps[-1] > remote_steps[-1]):
-        newest = snapshot.read_manifest(local, run_id)
+        newest = reader.read_manifest(local, run_id)
     return {
         "run": run_id, "store": store.url,
         "where": where(history),

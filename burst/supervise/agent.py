@@ -49,7 +49,7 @@ from burst.contract import (
     Reason,
 )
 from burst.errors import ConfigError
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store.base import Store
 from burst.supervise import verdict as verdicts
 from burst.supervise.coordinator import PauseWatch, Share
@@ -262,7 +262,7 @@ class Agent:
         for event in reversed(events.read(self.store, self.run_id)):
             if event.get("event") == "failure" and "global" in event:
                 return {k: event[k] for k in ("global", "micro", "world_size") if k in event}
-        manifest = snapshot.read_manifest(self.store, self.run_id)
+        manifest = reader.read_manifest(self.store, self.run_id)
         return manifest.get("batch") if manifest else None
 
     def _hand_over(self, decision: str, attempt: Attempt) -> tuple[str, int | None]:

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from burst import events
 from burst.cli import main
 from burst.deadline import scheduler as sched
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store import LocalStore
 from tests.helpers.schedule_helpers import take
 
@@ -109,7 +109,7 @@ def test_a_dry_run_shows_the_timeline_and_the_decision_and_touches_nothing(store
     assert result.exit_code == 0, result.output
     assert "backups planned:" in result.output and "every 30m" in result.output
     assert "every 5m" in result.output and "decision now: wait" in result.output
-    assert snapshot.list_steps(remote, "r") == [] and events.read(local, "r") == []
+    assert reader.list_steps(remote, "r") == [] and events.read(local, "r") == []
 
 
 def test_a_dry_run_as_json_lists_every_backup_and_the_latest_burst_moments(stores):
@@ -129,7 +129,7 @@ def test_once_backs_up_decides_and_records_both(stores):
     local, remote = stores
     result = invoke("r", "--deadline", FUTURE, *flags(stores), "--once")
     assert result.exit_code == 0, result.output
-    assert snapshot.list_steps(remote, "r") == [20]
+    assert reader.list_steps(remote, "r") == [20]
     names = [e["event"] for e in events.read(local, "r")]
     assert names[-2:] == [sched.BACKUP, sched.DECISION]
     assert [e["event"] for e in events.read(remote, "r")][-2:] == names[-2:]  # flushed
@@ -194,4 +194,4 @@ def test_a_tick_while_another_schedule_holds_the_run_is_skipped(stores, state_ho
     with sched.exclusive(state_home / "burst" / f"{install_timer.unit_name('r')}.lock"):
         result = invoke("r", "--deadline", FUTURE, *flags(stores), "--once")
     assert result.exit_code == 0 and "skipping this tick" in result.output
-    assert snapshot.list_steps(remote, "r") == []
+    assert reader.list_steps(remote, "r") == []

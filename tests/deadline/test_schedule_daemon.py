@@ -10,7 +10,7 @@ import pytest
 from burst import events
 from burst.deadline import policy as rules
 from burst.deadline import scheduler as sched
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from tests.helpers.schedule_helpers import (
     T0,
     FakeClock,
@@ -102,7 +102,7 @@ def test_a_backup_pushes_the_newest_snapshot_and_the_environment_record():
     local.put("run/env/lockfile.json", b"{}")
     result = sched.backup(local, remote, "run")
     assert result.ok and result.new and result.step == 20 and result.env == "present"
-    assert snapshot.list_steps(remote, "run") == [20]
+    assert reader.list_steps(remote, "run") == [20]
     assert remote.get("run/env/lockfile.json") == b"{}"
     assert not sched.backup(local, remote, "run").new  # already there: nothing re-sent
 

@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 import burst
 from burst import events
 from burst.env import codearchive, freeze, lockfile
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store import LocalStore, MemoryStore
 from tests.helpers.env_helpers import make_repo
 
@@ -54,7 +54,7 @@ def test_first_snapshot_records_the_lockfile_hash_and_code_ref(tmp_path, monkeyp
     store = LocalStore(tmp_path / "store")
     _train(store)
     assert freeze.wait_uploads(60)
-    manifest = snapshot.read_manifest(store, "frz")
+    manifest = reader.read_manifest(store, "frz")
     digest, ref = manifest["lockfile_hash"], manifest["code_ref"]
     assert lockfile.load(store, "frz", digest).package("torch") is not None
     assert ref["git"]["branch"] == "main" and ".env" in ref["skipped"]
@@ -85,7 +85,7 @@ def test_a_failed_freeze_warns_records_an_event_and_training_goes_on(tmp_path, m
         run = _train(store, steps=2)
         freeze.wait_uploads(60)
     assert run.step == 2
-    manifest = snapshot.read_manifest(store, "frz")
+    manifest = reader.read_manifest(store, "frz")
     assert manifest["lockfile_hash"] and manifest["code_ref"] is None
     assert any(issubclass(w.category, freeze.FreezeWarning) and "900.0 MiB" in str(w.message)
                for w in caught)

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import burst
 from burst.env import codearchive, freeze, spawn
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store import LocalStore, MemoryStore
 from tests.helpers.env_helpers import make_repo, write
 
@@ -142,7 +142,7 @@ def test_a_snapshot_goes_ahead_while_git_hangs_and_a_later_one_names_the_code(tm
     try:
         _step(run, model, opt, loader)  # persists step 1 while git hangs
         run.flush(timeout=60)
-        first = snapshot.read_manifest(store, "hung-git", 1)
+        first = reader.read_manifest(store, "hung-git", 1)
         assert first["freeze"] == "pending" and first["code_ref"] is None
     finally:
         release.touch()
@@ -150,7 +150,7 @@ def test_a_snapshot_goes_ahead_while_git_hangs_and_a_later_one_names_the_code(tm
     assert done.code_ref is not None and not done.pending
     _step(run, model, opt, loader)
     run.flush(timeout=60)
-    second = snapshot.read_manifest(store, "hung-git", 2)
+    second = reader.read_manifest(store, "hung-git", 2)
     assert second["code_ref"] == done.code_ref and "freeze" not in second
     assert freeze.wait_uploads(60)
     assert codearchive.latest_ref(store, "hung-git") == done.code_ref

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from burst.snapshot import format as fmt
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store import open_store
 from tests.parallel.test_scale_out import launch, steps
 from tests.parallel.test_sharded import layout, resumed_at
@@ -53,9 +53,9 @@ def resumed(tmp_path_factory) -> tuple[Path, object, str, int]:
     first = launch(workdir, 2, "run", *layout(2), *WIDE)
     assert first.returncode == 0, first.stdout + first.stderr
     store = open_store(workdir / "store")
-    *_, previous, newest = snapshot.list_steps(store, "run")
+    *_, previous, newest = reader.list_steps(store, "run")
     assert newest == NEWEST
-    digest = rank1_only_blob(snapshot.read_manifest(store, "run", NEWEST))
+    digest = rank1_only_blob(reader.read_manifest(store, "run", NEWEST))
     flip_a_byte(workdir / "store" / fmt.blob_key("run", digest))
     second = launch(workdir, 2, "run", *layout(2), *WIDE)
     assert second.returncode == 0, second.stdout + second.stderr

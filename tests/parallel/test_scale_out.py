@@ -38,7 +38,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.snapshot.tensors import load_tensors
 from burst.state import rank_rng
 from burst.store import open_store
@@ -114,7 +114,7 @@ def final_state(workdir: Path, run_id: str, store: str = "store") -> dict[str, t
     """Model and optimizer tensors of the run's last snapshot (the same layout at any
     world size, which is what lets these runs be compared at all)."""
     opened = open_store(workdir / store)
-    manifest = snapshot.read_manifest(opened, run_id)
+    manifest = reader.read_manifest(opened, run_id)
     assert manifest is not None and manifest["step"] == STEPS
     tensors = load_tensors(opened, manifest)
     return {k: v for k, v in tensors.items() if k.startswith(("state/model", "state/optimizer"))}
@@ -212,7 +212,7 @@ def test_fsdp_snapshot_from_two_ranks_restores_at_two_and_at_one(tmp_path, refer
     shutil.copytree(tmp_path / "store", tmp_path / "store-one")
     for rank in range(2):
         shutil.copy(tmp_path / f"run.rank{rank}", tmp_path / f"one.rank{rank}")
-    manifest = snapshot.read_manifest(open_store(tmp_path / "store"), "run")
+    manifest = reader.read_manifest(open_store(tmp_path / "store"), "run")
     at = manifest["step"]
     assert at in (6, 7) and manifest["batch"]["world_size"] == 2
     assert len(manifest["state"]["rng_ranks"]) == 2

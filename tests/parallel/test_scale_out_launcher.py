@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 
 from burst import events
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.snapshot.tensors import load_tensors
 from burst.store import open_store
 from tests.helpers.store_servers import aws_env
@@ -105,7 +105,7 @@ def launcher(request, tmp_path, monkeypatch) -> Launcher:
 def final_state(store: str) -> dict:
     """Model and optimizer tensors of the run's last snapshot, which is its last step's."""
     opened = open_store(store)
-    manifest = snapshot.read_manifest(opened, "run")
+    manifest = reader.read_manifest(opened, "run")
     assert manifest is not None and manifest["step"] == STEPS
     tensors = load_tensors(opened, manifest)
     return {k: v for k, v in tensors.items() if k.startswith(("state/model", "state/optimizer"))}

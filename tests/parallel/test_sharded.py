@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.snapshot.tensors import load_tensors
 from burst.state import rank_rng
 from burst.store import open_store
@@ -64,7 +64,7 @@ def final_state(store: Path, run_id: str = "run") -> dict[str, torch.Tensor]:
     """Model and optimizer tensors of the run's last snapshot (whole tensors, whatever
     the world size that wrote them)."""
     opened = open_store(store)
-    manifest = snapshot.read_manifest(opened, run_id)
+    manifest = reader.read_manifest(opened, run_id)
     assert manifest is not None and manifest["step"] == STEPS
     tensors = load_tensors(opened, manifest)
     return {k: v for k, v in tensors.items() if k.startswith(("state/model", "state/optimizer"))}
@@ -147,8 +147,8 @@ def test_sigkill_of_one_rank_mid_snapshot_leaves_the_previous_one_newest(killed)
     assert_killed(done)
     assert reached and reached[-1] == "shard.blob", reached  # died after landing a blob
     store = open_store(workdir / "store")
-    assert snapshot.list_steps(store, "run") == [PREVIOUS]
-    manifest = snapshot.read_manifest(store, "run")
+    assert reader.list_steps(store, "run") == [PREVIOUS]
+    manifest = reader.read_manifest(store, "run")
     assert manifest["format"] == SHARDED_FORMAT and manifest["batch"]["world_size"] == 4
 
 
@@ -193,7 +193,7 @@ def test_ddp_two_ranks_restore_as_fsdp_four(tmp_path, reference):
 def test_v1_snapshot_of_one_process_restores_at_fsdp_two(tmp_path, reference):
     expected, expected_state, _ = reference
     assert_killed(launch(tmp_path, 1, "run", *layout(1), "--kill-at", "5:0"))
-    manifest = snapshot.read_manifest(open_store(tmp_path / "store"), "run")
+    manifest = reader.read_manifest(open_store(tmp_path / "store"), "run")
     assert manifest["format"] == 3 and manifest["step"] == 3  # one process: whole (v1's layout)
     done = launch(tmp_path, 2, "run", *layout(2))
     assert done.returncode == 0, done.stdout + done.stderr

@@ -16,7 +16,7 @@ import sys
 import pytest
 
 from burst import events
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store import LocalStore
 from tests.conftest import EXAMPLE, assert_same, final_state, step_records
 
@@ -81,7 +81,7 @@ def test_a_sticky_gpu_error_persists_the_ram_shadow_and_restarts_exactly(tmp_pat
 def test_sigterm_snapshots_at_the_next_step_boundary_and_stops(tmp_path):
     report, done = drill(tmp_path, "term@8")
     assert done.returncode == 88 and report["outcome"] == "stopped"
-    manifest = snapshot.read_manifest(LocalStore(tmp_path / "store"), "drilled")
+    manifest = reader.read_manifest(LocalStore(tmp_path / "store"), "drilled")
     assert manifest["step"] == 8 and manifest["reason"] == "signal"  # the step in flight completed
     assert step_records(tmp_path / "drilled.jsonl")[-1]["step"] == 8
 
@@ -90,7 +90,7 @@ def test_sigkill_leaves_the_newest_persisted_snapshot_resumable(tmp_path, refere
     report, done = drill(tmp_path, "kill@8", "--on-killed", "restart")
     assert done.returncode == 0
     assert report["resumed_from_step"] == 6 and report["steps_lost"] == 1  # <= persist interval
-    snapshot.verify(LocalStore(tmp_path / "store"), "drilled", 6)
+    reader.verify(LocalStore(tmp_path / "store"), "drilled", 6)
     assert same_samples_per_step(tmp_path, reference)
     assert_same(final_state(tmp_path, "drilled"), final_state(reference, "reference"))
 
@@ -131,7 +131,7 @@ def test_sigterm_flushes_the_upload_to_a_remote_store_before_exit(tmp_path, seaw
 
     store = open_store(remote, endpoint_url=seaweed.endpoint, addressing_style="path",
                        ca_bundle=seaweed.ca_bundle)
-    manifest = snapshot.read_manifest(store, "preempted")
+    manifest = reader.read_manifest(store, "preempted")
     assert manifest["step"] == 5 and manifest["reason"] == "signal"
-    snapshot.verify(store, "preempted", 5)
+    reader.verify(store, "preempted", 5)
     assert any(e["event"] == "failure" for e in events.read(store, "preempted"))

@@ -7,7 +7,7 @@ import subprocess
 import sys
 import textwrap
 
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.snapshot.tensors import load_tensors
 from burst.store import LocalStore
 
@@ -54,7 +54,7 @@ def test_an_oom_inside_the_with_block_snapshots_the_last_boundary_and_exits_86(t
     done = run_program(tmp_path, "oom@3:1")
     assert done.returncode == 86, done.stderr
     assert "Traceback" not in done.stderr and "finished" not in done.stdout
-    manifest = snapshot.read_manifest(LocalStore(tmp_path / "store"), "guarded")
+    manifest = reader.read_manifest(LocalStore(tmp_path / "store"), "guarded")
     assert manifest["step"] == 2 and manifest["reason"] == "oom"
 
 
@@ -68,7 +68,7 @@ def test_the_oom_snapshot_holds_the_batchnorm_statistics_of_the_boundary(tmp_pat
     means = []
     for side in ("a", "b"):
         store = LocalStore(tmp_path / side / "store")
-        tensors = load_tensors(store, snapshot.read_manifest(store, "guarded"))
+        tensors = load_tensors(store, reader.read_manifest(store, "guarded"))
         means.append(next(t for name, t in tensors.items() if name.endswith("running_mean")))
     assert torch.equal(means[0], means[1])
 
@@ -79,14 +79,14 @@ def test_a_cuda_oom_where_cuda_was_never_used_exits_86_with_the_ram_shadow(tmp_p
     done = run_program(tmp_path, "", shadow_every=2, raise_at=4)
     assert done.returncode == 86, done.stderr
     assert "snapshot of step 2 from the RAM shadow" in done.stderr
-    manifest = snapshot.read_manifest(LocalStore(tmp_path / "store"), "guarded")
+    manifest = reader.read_manifest(LocalStore(tmp_path / "store"), "guarded")
     assert manifest["step"] == 2 and manifest["reason"] == "oom"
 
 
 def test_a_sticky_error_inside_the_with_block_exits_87_with_the_ram_shadow(tmp_path):
     done = run_program(tmp_path, "sticky@3", shadow_every=1)
     assert done.returncode == 87, done.stderr
-    manifest = snapshot.read_manifest(LocalStore(tmp_path / "store"), "guarded")
+    manifest = reader.read_manifest(LocalStore(tmp_path / "store"), "guarded")
     assert manifest["reason"] == "gpu-failure" and manifest["step"] == 2
 
 
@@ -94,4 +94,4 @@ def test_a_sticky_error_before_any_ram_copy_says_nothing_newer_could_be_saved(tm
     done = run_program(tmp_path, "sticky@3")
     assert done.returncode == 87, done.stderr
     assert "no RAM copy yet" in done.stderr
-    assert snapshot.read_manifest(LocalStore(tmp_path / "store"), "guarded") is None
+    assert reader.read_manifest(LocalStore(tmp_path / "store"), "guarded") is None

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import burst
 from burst.errors import ConfigError, SnapshotError
-from burst.snapshot import reader as snapshot
+from burst.snapshot import reader
 from burst.store import LocalStore
 
 DATA = TensorDataset(torch.arange(40, dtype=torch.float32).reshape(20, 2), torch.arange(20))
@@ -132,7 +132,7 @@ def test_training_after_a_restore_leaves_the_snapshot_it_came_from_intact(tmp_pa
     model, optimizer = adam_with_equal_moments()
     resumed_model, resumed_optimizer = snapshot_and_restore(tmp_path, model, optimizer)
     step_with_distinct_grads(resumed_model, resumed_optimizer)  # writes the moments in place
-    assert snapshot.verify(LocalStore(tmp_path), "r")["step"] == 0
+    assert reader.verify(LocalStore(tmp_path), "r")["step"] == 0
 
 
 def mapped_files(address: int) -> list[str]:
@@ -205,7 +205,7 @@ def test_a_snapshot_asked_for_mid_step_is_taken_at_the_step_boundary(tmp_path):
         opt.step()
         break
     run.flush()
-    manifest = snapshot.read_manifest(run.store, "r")
+    manifest = reader.read_manifest(run.store, "r")
     assert manifest["step"] == 1 and manifest["counters"]["samples_consumed"] == 4
 
 
@@ -275,10 +275,10 @@ def test_persisting_runs_in_the_background(tmp_path):
     run.attach(make_model())
     run.snapshot()  # returns although the store is blocked
     assert store.entered.wait(10)
-    assert snapshot.list_steps(LocalStore(tmp_path), "r") == []
+    assert reader.list_steps(LocalStore(tmp_path), "r") == []
     release.set()
     run.flush()
-    assert snapshot.list_steps(LocalStore(tmp_path), "r") == [0]
+    assert reader.list_steps(LocalStore(tmp_path), "r") == [0]
 
 
 class BrokenStore(LocalStore):
@@ -297,7 +297,7 @@ def test_a_failed_persist_is_reported_at_flush_and_keeps_the_previous_snapshot(t
     broken.snapshot()
     with pytest.raises(SnapshotError, match="No space left"):
         broken.flush()
-    assert snapshot.list_steps(LocalStore(tmp_path), "r") == [0]
+    assert reader.list_steps(LocalStore(tmp_path), "r") == [0]
 
 
 def test_a_run_id_that_could_escape_the_store_is_refused(tmp_path):
@@ -319,7 +319,7 @@ def test_snapshots_record_the_total_steps_of_the_run(tmp_path):
     run.attach(model, opt)
     train(run, model, opt, epochs=3, stop_after=1)
     run.snapshot(wait=True)
-    assert snapshot.read_manifest(run.store, "r")["counters"]["total_steps"] == 15
+    assert reader.read_manifest(run.store, "r")["counters"]["total_steps"] == 15
 
 
 def test_the_runs_grad_scaler_is_enabled_only_for_fp16(tmp_path):
