@@ -101,24 +101,7 @@ def test_no_module_drives_another_object_through_private_members():
     assert offenders == []
 
 
-# The layers, from the leaves up: a package may import its own layer and those below it, never
-# one above. The issue's order (errors/config/contract < store < snapshot < state < parallel <
-# training < supervise < env/plan < launch/node/resume/deadline/preflight/report < cli), refined
-# where the code shows which way the arrows run:
-# - events sits just above store: it appends a run's history through the Store protocol.
-# - env, plan and inputs sit just above snapshot, below state: they need only store and
-#   snapshot, while a training Run freezes and stages its environment and inputs as it trains
-#   (env.freeze, env.stager, inputs.part) and its memory control asks the planner for the exact
-#   micro-batch splits (plan.planner). Nothing in state, parallel, training or supervise is
-#   imported by them.
-# - inputs shares env's layer: its staged part is one of the environment's staging parts (env
-#   lists it among the parts it stages; it paces itself with env's throttle and spawns git
-#   through env.spawn).
-# - integrations sits just above training: it adapts foreign loops (Lightning, Accelerate,
-#   transformers) onto a Run and imports only training, state and the leaves.
-# - node (what runs on the node: its bootstrap, the restart record) sits below launch, which
-#   renders it into the task; launch sits below resume and preflight, which drive launchers.
-# - the package's own ``__init__`` is the lazy public façade (Run, samplers, input_path).
+# The layers, from the leaves up (why each sits where it does: see the test below).
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("errors", "config", "contract", "killpoints", "redact"),
     ("store",),
@@ -148,8 +131,9 @@ def _layer_of(module: str) -> str:
 def _burst_imports(name: str, path: Path, modules: dict[str, Path]) -> list[tuple[int, str]]:
     """Every module of burst that ``name`` imports, wherever the import sits (a lazy one in a
     function counts: it is a dependency all the same), as (line, module). Reading the package
-    itself only for its version or location (``from burst import __version__``) loads nothing
-    of it, so it is no dependency on the façade."""
+    itself only for its version or location (``import burst`` for ``burst.__file__``,
+    ``from burst import __version__``) runs only its lazy ``__init__``, so it is no
+    dependency on the façade."""
     found = []
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
@@ -190,4 +174,28 @@ def test_every_package_has_a_place_in_the_layers():
 
 
 def test_imports_flow_one_way_from_the_leaves_up():
+    """A package imports its own layer and those below it, never one above; lazy imports
+    count. The issue's order (errors/config/contract < store < snapshot < state < parallel <
+    training < supervise < env/plan < launch/node/resume/deadline/preflight/report < cli),
+    refined where the code shows which way the arrows run:
+
+    - the leaves: errors, config, contract, killpoints and redact import nothing of burst
+      but errors; events sits just above store, as it appends a run's history through the
+      Store protocol.
+    - env, plan and inputs sit just above snapshot, below state: they need only store and
+      snapshot, while a training Run freezes and stages its environment and inputs as it
+      trains (env.freeze, env.stager, inputs.part) and its memory control asks the planner
+      for the exact micro-batch splits (plan.planner). Nothing of state, parallel, training
+      or supervise is imported by them.
+    - inputs shares env's layer: its staged part is one of the environment's parts (env
+      stages it beside the wheelhouse and the code; it paces itself with env's throttle and
+      runs git through env.spawn).
+    - integrations sits just above training: it adapts foreign loops (Lightning, Accelerate,
+      transformers' Trainer) onto a Run and imports only training, state and the leaves;
+      nothing in burst imports it.
+    - node (what runs on the node: the bootstrap, the restart bound) sits below launch,
+      which renders it into the task; launch sits below resume and preflight, which drive
+      launchers.
+    - the package's own ``__init__`` is the lazy public façade (Run, the samplers,
+      input_path), just below the CLI."""
     assert _inversions(_modules()) == []
