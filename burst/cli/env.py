@@ -17,6 +17,7 @@ from rich.table import Table
 from burst.cli.console import make_console
 from burst.cli.options import json_option, store_option
 from burst.cli.wheels import describe_wheels, wheel_target, wheels_options
+from burst.contract import ENV_TORCH_INDEX
 from burst.env import check as envcheck
 from burst.env import codearchive, freeze, lockfile, wheelhouse
 from burst.env import install as envinstall
@@ -155,7 +156,7 @@ def _load(run_id: str | None, lockfile_path: Path | None, store_url: str, step: 
 @click.option("--index-url", default=None, help="Package index to use instead of PyPI.")
 @click.option("--torch-index", default=None,
               help=f"PyTorch wheel index template with {{variant}} (default: "
-                   f"${envinstall.TORCH_INDEX_ENV} or the one recorded, or download.pytorch.org).")
+                   f"${ENV_TORCH_INDEX} or the one recorded, or download.pytorch.org).")
 @click.option("--find-links", multiple=True, help="A wheel directory (repeatable).")
 @click.option("--no-index", is_flag=True, help="Use only --find-links (offline).")
 @click.option("--wheelhouse", "wheelhouse_dir", type=click.Path(file_okay=False, path_type=Path),

@@ -9,10 +9,9 @@ from typing import Any
 
 import click
 
+from burst.contract import ENV_LOCAL, ENV_STORE
 from burst.errors import StoreError
 from burst.store import (
-    DEFAULT_STORE_ENV,
-    LOCAL_ENV,
     Store,
     default_local_url,
     default_store_url,
@@ -24,7 +23,7 @@ store_option = click.option(
     "--store",
     "store_url",
     default=default_store_url,
-    show_default=f"${DEFAULT_STORE_ENV} or ./.burst",
+    show_default=f"${ENV_STORE} or ./.burst",
     help="Where snapshots live: a path, file://, s3://, oss://, gs://, sftp://.",
 )
 json_option = click.option("--json", "as_json", is_flag=True, help="Print JSON for scripts.")
@@ -65,7 +64,7 @@ local_option = click.option(
     "--local",
     "local_url",
     default=default_local_url,
-    show_default=f"${LOCAL_ENV} or ./.burst",
+    show_default=f"${ENV_LOCAL} or ./.burst",
     help="The local snapshot directory (what the run writes before uploading).",
 )
 

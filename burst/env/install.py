@@ -34,16 +34,13 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from burst.contract import ENV_EXTRA_INDEX_URL, ENV_INDEX_URL, ENV_TORCH_INDEX
 from burst.env import lockfile as lockfiles
 from burst.env import machine as envfacts
 from burst.env import pkgindex, torchvariant, wheelhouse, wheelprobe
 from burst.env.check import live_in
 from burst.env.lockfile import TORCH_FAMILY, Lockfile, Package
 from burst.errors import BurstError, ConfigError
-
-TORCH_INDEX_ENV = "BURST_TORCH_INDEX"
-INDEX_ENV = "BURST_INDEX_URL"  # a mirror the task forwards: for what the wheelhouse lacks
-EXTRA_INDEX_ENV = "BURST_EXTRA_INDEX_URL"
 
 
 class InstallError(BurstError):
@@ -260,7 +257,7 @@ def _requirements(lock: Lockfile, target: torchvariant.Target, options: Options,
                   env: dict[str, str]) -> tuple[dict | None, list[str], list[dict], list[str]]:
     torch = lock.package("torch")
     recorded = lock.torch_variant()
-    template = options.torch_index or env.get(TORCH_INDEX_ENV) or (
+    template = options.torch_index or env.get(ENV_TORCH_INDEX) or (
         lock.torch_index_template() or pkgindex.DEFAULT_TORCH_INDEX)
     python = ".".join((lock.python.get("version", "") or _here_python()).split(".")[:2])
     # a release after the table's end is confirmed in the wheelhouse or the index, never assumed
@@ -320,7 +317,7 @@ def _index_args(lock: Lockfile, options: Options, installer: str, torch_plan: di
     extras = [i["url"] for i in lock.indexes if i.get("role") == "extra-index"
               and pkgindex.is_remote(i["url"]) and "{variant}" not in i["url"]
               and not pkgindex.torch_index_template([pkgindex.Index(i["url"], "x", "")])]
-    extras = env.get(EXTRA_INDEX_ENV, "").split() + extras
+    extras = env.get(ENV_EXTRA_INDEX_URL, "").split() + extras
     if torch_plan and torch_plan.get("index"):
         extras.insert(0, torch_plan["index"])
     for url in dict.fromkeys(extras):
@@ -334,9 +331,9 @@ def _primary(lock: Lockfile, options: Options, env: dict[str, str], notes: list[
              ) -> str | None:
     if options.index_url:
         return options.index_url
-    if env.get(INDEX_ENV):
-        notes.append(f"the forwarded mirror ${INDEX_ENV} is used")
-        return env[INDEX_ENV]
+    if env.get(ENV_INDEX_URL):  # a mirror the task forwards: for what the wheelhouse lacks
+        notes.append(f"the forwarded mirror ${ENV_INDEX_URL} is used")
+        return env[ENV_INDEX_URL]
     own = pkgindex.primary_index(pkgindex.configured_indexes(env))
     if own:
         notes.append(f"this node's own index is used: {own}")

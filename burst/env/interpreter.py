@@ -35,12 +35,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from burst.contract import ENV_PYTHON_MIRROR
 from burst.env.lockfile import Lockfile
 from burst.errors import ConfigError
 from burst.store.base import Store, check_key
 
 EXPLICIT_ENV = "BURST_NODE_INTERPRETER"  # an install directory of a relocatable CPython
-MIRROR_ENV = "BURST_PYTHON_MIRROR"  # what the node's uv downloads Python from
 UV_MIRROR_ENV = "UV_PYTHON_INSTALL_MIRROR"  # uv's own name for it, read here
 IMAGE_PYTHON = "3.10"  # SkyPilot's default images (Ubuntu 22.04) on AWS, GCP, Kubernetes
 ROUTES = ("image", "shipped", "uv")
@@ -103,13 +103,13 @@ def route(lock: Lockfile, images: Sequence[str | None] = (None,),
 
 def mirror_url(environ: Mapping[str, str] | None = None) -> str | None:
     environ = os.environ if environ is None else environ
-    return (environ.get(MIRROR_ENV) or environ.get(UV_MIRROR_ENV) or "").strip() or None
+    return (environ.get(ENV_PYTHON_MIRROR) or environ.get(UV_MIRROR_ENV) or "").strip() or None
 
 
 def forwarded(environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The task envs for the node's uv: the Python download mirror, when set here."""
     mirror = mirror_url(environ)
-    return {MIRROR_ENV: mirror} if mirror else {}
+    return {ENV_PYTHON_MIRROR: mirror} if mirror else {}
 
 
 # -- finding one here -----------------------------------------------------------------------

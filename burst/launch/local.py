@@ -49,6 +49,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import IO
 
+from burst.contract import ENV_FAULT, ENV_NODE_GPU, ENV_TEMPLATES
 from burst.errors import BurstError, ConfigError
 from burst.launch import LaunchResult, Reporter, sealed
 from burst.launch.task import RenderedTask
@@ -59,10 +60,10 @@ UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 UNSEALED_EVENT = "node-unsealed"  # a stub node ran on this machine as it is
 
 PASS_THROUGH = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "TMPDIR", "PYTHONHASHSEED",
-                "BURST_NODE_GPU", "CUDA_VISIBLE_DEVICES", "BURST_TEMPLATES")
+                ENV_NODE_GPU, "CUDA_VISIBLE_DEVICES", ENV_TEMPLATES)
 #: What a sealed node still takes from the launching shell: how to behave, not where things
 #: are (PATH, TMPDIR and BURST_TEMPLATES name this machine's files).
-SEALED_PASS_THROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONHASHSEED", "BURST_NODE_GPU",
+SEALED_PASS_THROUGH = ("LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONHASHSEED", ENV_NODE_GPU,
                        "CUDA_VISIBLE_DEVICES")
 MAX_RECOVERIES = 10  # SkyPilot never stops recovering preemptions; the stub stops a loop
 MODES = ("jobs", "cluster")
@@ -349,7 +350,7 @@ class _Job:
                     PORT_ENV: str(self.master_port)})
         fault = self.launcher.faults.for_attempt(attempt)
         if fault:
-            env["BURST_FAULT"] = fault
+            env[ENV_FAULT] = fault
         if self.sealing is not None:
             env = sealed.environment(env, directory / "home")
         return env

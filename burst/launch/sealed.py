@@ -51,6 +51,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+from burst.contract import ENV_ENDPOINT_URL, ENV_STORE, ENV_TEMPLATES
 from burst.errors import BurstError, ConfigError
 
 SEAL_ENV = "BURST_STUB_SEAL"
@@ -118,7 +119,7 @@ def environment(base: Mapping[str, str], home: Path) -> dict[str, str]:
     env.update({"PATH": STOCK_PATH, "HOME": str(home), "PIP_INDEX_URL": DEAD_INDEX,
                 "PIP_DEFAULT_TIMEOUT": "5", "PIP_RETRIES": "0", "UV_INDEX_URL": DEAD_INDEX,
                 "UV_DEFAULT_INDEX": DEAD_INDEX, "PIP_DISABLE_PIP_VERSION_CHECK": "1"})
-    for name in ("TMPDIR", "VIRTUAL_ENV", "CONDA_PREFIX", "BURST_TEMPLATES"):
+    for name in ("TMPDIR", "VIRTUAL_ENV", "CONDA_PREFIX", ENV_TEMPLATES):
         env.pop(name, None)
     return env
 
@@ -248,11 +249,11 @@ def store_ports(envs: Mapping[str, str]) -> list[int] | None:
     """The loopback ports the task's store needs ([] for a store on disk); None when the
     store is not on this machine (a real cloud bucket: the node needs this machine's
     network)."""
-    store = envs.get("BURST_STORE", "")
+    store = envs.get(ENV_STORE, "")
     parsed = urlparse(store)
     if parsed.scheme in ("", "file"):
         return []
-    endpoint = urlparse(envs.get("BURST_ENDPOINT_URL") or store)
+    endpoint = urlparse(envs.get(ENV_ENDPOINT_URL) or store)
     try:
         port = endpoint.port or {"http": 80, "https": 443, "sftp": 22}.get(endpoint.scheme)
     except ValueError:
@@ -264,7 +265,7 @@ def store_ports(envs: Mapping[str, str]) -> list[int] | None:
 
 def store_dirs(envs: Mapping[str, str]) -> list[Path]:
     """A ``file://`` store's directory: the one thing of this machine a node is given."""
-    parsed = urlparse(envs.get("BURST_STORE", ""))
+    parsed = urlparse(envs.get(ENV_STORE, ""))
     if parsed.scheme not in ("", "file") or not parsed.path:
         return []
     return [Path(parsed.path)]

@@ -50,7 +50,7 @@ from typing import Any
 
 import jinja2
 
-from burst.contract import Exit
+from burst.contract import ENV_TEMPLATES, Exit
 from burst.errors import ConfigError
 from burst.launch import skyenv
 from burst.node.restarts import (
@@ -62,7 +62,6 @@ from burst.node.restarts import (
 )
 from burst.plan.planner import Plan
 
-TEMPLATES_ENV = "BURST_TEMPLATES"
 # The store's private CA certificate (PEM text: public, not a secret). The task carries
 # the text, the node writes it to a file and points BURST_CA_BUNDLE there: a path of the
 # launching machine would mean nothing on the node.
@@ -174,11 +173,11 @@ class RenderedTask:
 def template_dir() -> Path:
     """``$BURST_TEMPLATES``, else the templates shipped in the package (``templates/`` at
     the top of the repository is a link to them)."""
-    explicit = os.environ.get(TEMPLATES_ENV)
+    explicit = os.environ.get(ENV_TEMPLATES)
     path = Path(explicit) if explicit else Path(__file__).resolve().parents[1] / "templates"
     if not (path / SINGLE).is_file():
         raise ConfigError(f"the SkyPilot task templates are not in {path}: set "
-                          f"${TEMPLATES_ENV} to the directory holding {SINGLE}")
+                          f"${ENV_TEMPLATES} to the directory holding {SINGLE}")
     return path
 
 

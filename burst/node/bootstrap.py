@@ -552,7 +552,7 @@ ALIBABA_ROLE = ("Alibaba ECS metadata", "http://100.100.100.200",
                 "/latest/meta-data/ram/security-credentials/",
                 ("AccessKeyId", "AccessKeySecret", "SecurityToken"))
 IDENTITY_ENV = "BURST_NODE_IDENTITY"  # burst.store.settings.OPTIONS["node_identity"]
-METADATA_URL_ENV = "BURST_METADATA_URL"  # burst.store.settings.METADATA_URL_ENV
+METADATA_URL_ENV = "BURST_METADATA_URL"  # burst.contract.ENV_METADATA_URL
 ALIBABA_ROLE_ENV = "ALIBABA_CLOUD_ECS_METADATA"  # the role's name, as Alibaba's SDKs read it
 STS_ENDPOINT_ENV = "AWS_ENDPOINT_URL_STS"  # as boto3 reads it
 

@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from burst import events
+from burst.contract import ENV_TORCH_INDEX
 from burst.env import codearchive, freeze, readiness, wheelchoice
 from burst.env import wheelhouse as wheels
 from burst.env.lockfile import LockfileError
@@ -30,7 +31,6 @@ from burst.errors import BurstError
 from burst.inputs import chunks
 from burst.plan import planner
 from burst.resume import wheelpolicy
-from burst.resume.mirrors import TORCH_ENV
 from burst.resume.node import PULL_EVENT
 from burst.snapshot import format as fmt
 from burst.snapshot import reader
@@ -148,7 +148,7 @@ def wheel_items(context: Context) -> list[Item]:
                   f"policy {(index.get('target') or {}).get('policy', '?')}")]
     for left in index.get("missing") or []:
         items.append(Item(f"{left.get('name')} {left.get('version')}", MIRROR, None,
-                          note=f"{left.get('why')} (${TORCH_ENV} or a package index)"))
+                          note=f"{left.get('why')} (${ENV_TORCH_INDEX} or a package index)"))
     return items
 
 

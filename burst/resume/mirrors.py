@@ -14,10 +14,10 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
+from burst.contract import ENV_EXTRA_INDEX_URL, ENV_INDEX_URL, ENV_TORCH_INDEX
 from burst.env import pkgindex
 from burst.redact import strip_url
 
-INDEX_ENV, EXTRA_ENV, TORCH_ENV = "BURST_INDEX_URL", "BURST_EXTRA_INDEX_URL", "BURST_TORCH_INDEX"
 _PRIMARY_SOURCES = ("PIP_INDEX_URL", "UV_DEFAULT_INDEX", "UV_INDEX_URL")
 _EXTRA_SOURCES = ("PIP_EXTRA_INDEX_URL", "UV_EXTRA_INDEX_URL")
 
@@ -28,18 +28,18 @@ def forwarded(environ: Mapping[str, str] | None = None) -> tuple[dict[str, str],
     env = os.environ if environ is None else environ
     configured = pkgindex.configured_indexes(env)
     values = {
-        INDEX_ENV: env.get(INDEX_ENV) or _first_raw(env, _PRIMARY_SOURCES)
+        ENV_INDEX_URL: env.get(ENV_INDEX_URL) or _first_raw(env, _PRIMARY_SOURCES)
         or pkgindex.primary_index(configured) or "",
-        EXTRA_ENV: env.get(EXTRA_ENV) or " ".join(dict.fromkeys(
+        ENV_EXTRA_INDEX_URL: env.get(ENV_EXTRA_INDEX_URL) or " ".join(dict.fromkeys(
             [*_raw_all(env, _EXTRA_SOURCES),
              *(i.url for i in configured if i.role == "extra-index"
                and not i.origin.startswith("env "))])),
-        TORCH_ENV: env.get(TORCH_ENV) or pkgindex.torch_index_template(configured) or "",
+        ENV_TORCH_INDEX: env.get(ENV_TORCH_INDEX) or pkgindex.torch_index_template(configured) or "",
     }
     envs, secrets = {}, {}
     for name, value in values.items():
         urls = [u for u in value.split() if pkgindex.is_remote(u)]
-        if name == EXTRA_ENV:
+        if name == ENV_EXTRA_INDEX_URL:
             urls = [u for u in urls if not _is_torch(u)]
         if not urls:
             continue

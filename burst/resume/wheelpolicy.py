@@ -23,10 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from burst.contract import ENV_TORCH_INDEX
 from burst.env import wheelchoice, wheelhouse
 from burst.env.lockfile import Lockfile
 from burst.plan import planner
-from burst.resume.mirrors import TORCH_ENV
 
 ALL, NO_TORCH = "all", "no-torch"
 
@@ -69,7 +69,7 @@ def by_target(candidates: Sequence[planner.Plan], to: str) -> tuple[str, str]:
         return ALL, (f"own capacity ({', '.join(own)}) may reach no package index "
                      "(mainland China: often neither PyPI nor download.pytorch.org)")
     return NO_TORCH, (f"public-cloud candidates only: the node fetches torch from "
-                      f"${TORCH_ENV} or download.pytorch.org, not from the store")
+                      f"${ENV_TORCH_INDEX} or download.pytorch.org, not from the store")
 
 
 def _stored_target(lock: Lockfile, data: Mapping[str, Any]) -> wheelhouse.Target | None:

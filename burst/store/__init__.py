@@ -17,6 +17,7 @@ import os
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
+from burst.contract import ENV_LOCAL, ENV_STORE
 from burst.errors import ConfigError
 from burst.store.base import Store, TransientStoreError, check_key
 from burst.store.settings import resolve
@@ -25,9 +26,7 @@ if TYPE_CHECKING:
     from burst.store.local import LocalStore
     from burst.store.memory import MemoryStore
 
-DEFAULT_STORE_ENV = "BURST_STORE"
 DEFAULT_STORE = ".burst"
-LOCAL_ENV = "BURST_LOCAL"
 
 __all__ = ["LocalStore", "MemoryStore", "Store", "TransientStoreError", "check_key",
            "default_local_url", "default_store_url", "is_local", "open_store"]
@@ -51,12 +50,12 @@ def __dir__() -> list[str]:
 
 def default_store_url() -> str:
     """The embedded default: ``$BURST_STORE`` or ``./.burst`` (a local directory)."""
-    return os.environ.get(DEFAULT_STORE_ENV) or DEFAULT_STORE
+    return os.environ.get(ENV_STORE) or DEFAULT_STORE
 
 
 def default_local_url() -> str:
     """The local tier in front of a remote store: ``$BURST_LOCAL`` or ``./.burst``."""
-    return os.environ.get(LOCAL_ENV) or DEFAULT_STORE
+    return os.environ.get(ENV_LOCAL) or DEFAULT_STORE
 
 
 def is_local(store: Store) -> bool:

@@ -24,8 +24,8 @@ from typing import Any
 import botocore.credentials
 import botocore.session
 
+from burst.contract import ENV_METADATA_URL
 from burst.errors import ConfigError
-from burst.store.settings import METADATA_URL_ENV
 
 ECS_METADATA = "http://100.100.100.200"
 ROLE_ENV = "ALIBABA_CLOUD_ECS_METADATA"  # the role's name, as Alibaba's own SDKs read it
@@ -43,7 +43,7 @@ class EcsRamRole(botocore.credentials.CredentialProvider):
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         super().__init__()
         environ = os.environ if environ is None else environ
-        self.base = (environ.get(METADATA_URL_ENV) or ECS_METADATA).rstrip("/")
+        self.base = (environ.get(ENV_METADATA_URL) or ECS_METADATA).rstrip("/")
         self.role = environ.get(ROLE_ENV) or ""
 
     def load(self) -> botocore.credentials.RefreshableCredentials | None:

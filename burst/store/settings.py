@@ -26,12 +26,13 @@ from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
 from burst import config as user_config
+from burst.contract import ENV_ENDPOINT_URL
 from burst.errors import ConfigError
 from burst.redact import strip_url
 
 #: Every setting a store accepts, with the environment variable that can supply it.
 OPTIONS: dict[str, str] = {
-    "endpoint_url": "BURST_ENDPOINT_URL",
+    "endpoint_url": ENV_ENDPOINT_URL,
     "region": "BURST_REGION",
     "addressing_style": "BURST_ADDRESSING_STYLE",
     "profile": "BURST_PROFILE",
@@ -49,9 +50,6 @@ OPTIONS: dict[str, str] = {
     "node_identity": "BURST_NODE_IDENTITY",
 }
 _SECRETS = ("secret", "password", "token", "access_key", "private_key", "credential")
-#: The cloud metadata service's base URL (tests point it at loopback): the node's own
-#: identity (burst.store.ramrole, the bootstrap) and the preemption watcher read it.
-METADATA_URL_ENV = "BURST_METADATA_URL"
 
 
 def config_path() -> Path:

@@ -31,9 +31,9 @@ import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+from burst.contract import ENV_FAULT
 from burst.errors import ConfigError
 
-ENV_FAULT = "BURST_FAULT"
 KINDS = ("oom", "oom-optimizer", "sticky", "kill", "term")
 ALWAYS = "always"  # the option that makes a fault fire in every process, not once a run
 FIRED_EVENT = "fault-injected"

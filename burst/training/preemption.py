@@ -44,15 +44,13 @@ from datetime import datetime, timezone
 from typing import Any, ClassVar, Protocol
 from urllib.parse import urlsplit
 
-from burst.contract import Reason
-from burst.store.settings import METADATA_URL_ENV
+from burst.contract import ENV_METADATA_URL, Reason
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 ENV_PROVIDER = "BURST_PREEMPTION"  # aws | gcp | azure | alibaba | kubernetes | probe | off
 ENV_GRACE = "BURST_TERMINATION_GRACE"  # a pod's terminationGracePeriodSeconds
 POD_ENV = "KUBERNETES_SERVICE_HOST"  # set in every Kubernetes pod
-ENV_METADATA_URL = METADATA_URL_ENV  # the metadata server's base URL
 ENV_POLL = "BURST_METADATA_POLL"  # seconds between polls (AWS, Azure)
 ENV_SPOT = "BURST_SPOT"  # 1 / 0: whether this node is spot, when the metadata cannot say
 ENV_MAX_LOST = "BURST_MAX_LOST_SECONDS"

@@ -11,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from burst.cli import main
+from burst.contract import ENV_EXTRA_INDEX_URL, ENV_INDEX_URL
 from burst.env import freeze
 from burst.env import install as envinstall
 from burst.env.lockfile import Lockfile, Package
@@ -164,8 +165,8 @@ def test_a_pin_only_windows_needs_is_skipped_on_this_node():
 
 
 def test_a_forwarded_mirror_serves_what_the_wheelhouse_lacks():
-    plan = _plan(_gpu_lock(), Target("cpu"), {envinstall.INDEX_ENV: "https://mirror.example/simple",
-                                              envinstall.EXTRA_INDEX_ENV: "https://x.example/s"})
+    plan = _plan(_gpu_lock(), Target("cpu"), {ENV_INDEX_URL: "https://mirror.example/simple",
+                                              ENV_EXTRA_INDEX_URL: "https://x.example/s"})
     assert plan.index_args[:4] == ["--index-url", "https://mirror.example/simple",
                                    "--extra-index-url", "https://download.pytorch.org/whl/cpu"]
     assert "https://x.example/s" in plan.index_args

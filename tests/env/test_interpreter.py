@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from burst.contract import ENV_PYTHON_MIRROR
 from burst.env import interpreter
 from burst.env.lockfile import Lockfile
 from burst.errors import ConfigError
@@ -35,7 +36,7 @@ def test_without_a_standalone_here_the_node_installs_it_with_uv_and_says_from_wh
         **NO_UV, interpreter.UV_MIRROR_ENV: "https://mirror.example.cn/pbs"})
     assert "from https://mirror.example.cn/pbs" in mirrored.why
     assert interpreter.forwarded({interpreter.UV_MIRROR_ENV: "https://m.example.cn"}) == {
-        interpreter.MIRROR_ENV: "https://m.example.cn"}
+        ENV_PYTHON_MIRROR: "https://m.example.cn"}
 
 
 def test_a_standalone_from_this_machines_uv_is_shipped(uv_python_dir):

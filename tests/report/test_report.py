@@ -18,9 +18,9 @@ from torch.utils.data import DataLoader, TensorDataset
 import burst
 from burst import events
 from burst.cli import main
+from burst.contract import ENV_FAULT
 from burst.report.charts import HEIGHT, WIDTH
 from burst.store import LocalStore
-from burst.training import faults
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -70,7 +70,7 @@ def png_size(path: Path) -> tuple[int, int]:
 def story(tmp_path, monkeypatch) -> Path:
     store = tmp_path / "store"
     # a real CUDA OOM in step 6, as a drill raises it on a CPU (which has no CUDA to run out)
-    monkeypatch.setenv(faults.ENV_FAULT, "oom@6")
+    monkeypatch.setenv(ENV_FAULT, "oom@6")
     train(store, expect_oom=True)
     train(store, expect_oom=False)  # the drill fired once: resumes after it and finishes
     gib = 1024**3

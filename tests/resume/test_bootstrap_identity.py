@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
+from burst.contract import ENV_METADATA_URL
 from burst.node import bootstrap
-from burst.store.settings import METADATA_URL_ENV, OPTIONS
+from burst.store.settings import OPTIONS
 from tests.helpers.region_proxy import RegionProxy
 from tests.helpers.role_metadata import ROLE_ARN, WEB_TOKEN, RoleMetadata
 from tests.helpers.store_servers import ACCESS_KEY, BUCKET, SECRET_KEY, aws_env, free_port
@@ -86,7 +87,7 @@ def unsigned_get(url: str, ca_bundle: str | None) -> int:
 
 def test_the_bootstraps_names_are_the_ones_burst_forwards():
     assert OPTIONS["node_identity"] == bootstrap.IDENTITY_ENV
-    assert METADATA_URL_ENV == bootstrap.METADATA_URL_ENV
+    assert ENV_METADATA_URL == bootstrap.METADATA_URL_ENV
 
 
 # -- the bucket's region ----------------------------------------------------------------------

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
+from burst.contract import ENV_METADATA_URL
 from burst.store import open_store
 from burst.store.ramrole import EcsRamRole
-from burst.store.settings import METADATA_URL_ENV
 from tests.helpers.region_proxy import RegionProxy
 from tests.helpers.role_metadata import RoleMetadata
 from tests.helpers.store_servers import ACCESS_KEY, BUCKET, SECRET_KEY, aws_env, free_port
@@ -39,7 +39,7 @@ def oss_store(proxy: RegionProxy, **options: object):
 
 def test_an_oss_store_of_own_identity_signs_with_the_ecs_ram_role(bucket_domain, monkeypatch):
     with RoleMetadata(ROLE_KEY, ROLE_SECRET, ROLE_TOKEN) as metadata:
-        monkeypatch.setenv(METADATA_URL_ENV, metadata.url)
+        monkeypatch.setenv(ENV_METADATA_URL, metadata.url)
         store = oss_store(bucket_domain, node_identity="own")
         store.put("run/snapshots/1.json", b"{}")
         assert store.get("run/snapshots/1.json") == b"{}"
@@ -50,7 +50,7 @@ def test_an_oss_store_of_own_identity_signs_with_the_ecs_ram_role(bucket_domain,
 
 def test_without_own_identity_no_metadata_is_asked(bucket_domain, monkeypatch):
     with RoleMetadata(ROLE_KEY, ROLE_SECRET, ROLE_TOKEN) as metadata:
-        monkeypatch.setenv(METADATA_URL_ENV, metadata.url)
+        monkeypatch.setenv(ENV_METADATA_URL, metadata.url)
         store = oss_store(bucket_domain)
         with pytest.raises(Exception, match="credentials"):
             store.put("run/x", b"x")
@@ -58,5 +58,5 @@ def test_without_own_identity_no_metadata_is_asked(bucket_domain, monkeypatch):
 
 
 def test_where_no_ecs_metadata_answers_the_provider_steps_aside():
-    dead = {METADATA_URL_ENV: f"http://127.0.0.1:{free_port()}"}
+    dead = {ENV_METADATA_URL: f"http://127.0.0.1:{free_port()}"}
     assert EcsRamRole(dead).load() is None  # boto3's own chain goes on

@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import burst
 from burst import events
+from burst.contract import ENV_FAULT
 from burst.errors import ConfigError
 from burst.store import LocalStore
 from burst.training import faults
@@ -52,7 +53,7 @@ def _first_step(store: LocalStore) -> None:
 
 
 def test_a_fault_that_fired_is_left_out_by_the_runs_next_process(tmp_path, monkeypatch):
-    monkeypatch.setenv(faults.ENV_FAULT, "oom@1")
+    monkeypatch.setenv(ENV_FAULT, "oom@1")
     store = LocalStore(tmp_path / "store")
     with pytest.raises(torch.cuda.OutOfMemoryError):
         _first_step(store)
@@ -62,7 +63,7 @@ def test_a_fault_that_fired_is_left_out_by_the_runs_next_process(tmp_path, monke
 
 
 def test_a_fault_marked_always_fires_in_every_process(tmp_path, monkeypatch):
-    monkeypatch.setenv(faults.ENV_FAULT, "oom@1+always")
+    monkeypatch.setenv(ENV_FAULT, "oom@1+always")
     store = LocalStore(tmp_path / "store")
     for _ in range(2):
         with pytest.raises(torch.cuda.OutOfMemoryError):
@@ -75,7 +76,7 @@ def test_burst_run_retries_a_shell_fault_once_and_finishes(tmp_path):
     cmd = [sys.executable, "-m", "burst.cli", "run", "--run-id", "shell-fault", "--store",
            str(store), "--", sys.executable, str(EXAMPLE), "--samples", "32", "--epochs", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=240, check=False,
-                          env={**os.environ, faults.ENV_FAULT: "oom@2"}, cwd=tmp_path)
+                          env={**os.environ, ENV_FAULT: "oom@2"}, cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     history = events.read(LocalStore(store), "shell-fault")
     starts = [e for e in history if e["event"] == "child-start"]

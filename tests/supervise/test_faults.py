@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from burst.contract import ENV_FAULT
 from burst.errors import ConfigError
 from burst.training import faults
 
@@ -16,7 +17,7 @@ def test_a_rank_suffix_limits_the_fault_to_that_rank():
 
 
 def test_each_rank_keeps_only_the_faults_meant_for_it(monkeypatch):
-    monkeypatch.setenv(faults.ENV_FAULT, "oom@8/1,term@9")
+    monkeypatch.setenv(ENV_FAULT, "oom@8/1,term@9")
     monkeypatch.setenv("RANK", "1")
     assert [f.kind for f in faults.Injector.from_env().pending] == ["oom", "term"]
     monkeypatch.setenv("RANK", "0")

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import burst
 from burst import events
-from burst.contract import ENV_FAILURE_DIR, Exit, Reason
+from burst.contract import ENV_FAILURE_DIR, ENV_METADATA_URL, Exit, Reason
 from burst.snapshot import reader
 from burst.store import open_store
 from burst.training import preemption
@@ -319,7 +319,7 @@ def test_without_a_metadata_server_the_watcher_gives_up_quietly(capfd):
 
 def test_training_without_a_metadata_server_takes_only_its_own_snapshots(tmp_path, monkeypatch):
     monkeypatch.setenv(preemption.ENV_PROVIDER, "gcp")
-    monkeypatch.setenv(preemption.ENV_METADATA_URL, dead_url())
+    monkeypatch.setenv(ENV_METADATA_URL, dead_url())
     monkeypatch.setenv("BURST_FREEZE", "0")
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(32, 4), torch.randn(32, 1))
@@ -416,7 +416,7 @@ def test_a_notice_gets_a_snapshot_uploaded_before_sigterm_and_nothing_is_lost(
         env = {**os.environ, "BURST_LOCAL": str(tmp_path / "local"), "BURST_FREEZE": "0",
                "AWS_ACCESS_KEY_ID": ACCESS_KEY, "AWS_SECRET_ACCESS_KEY": SECRET_KEY,
                "SKYPILOT_CLUSTER_INFO": json.dumps({"cloud": "AWS", "region": "us-east-1"}),
-               preemption.ENV_METADATA_URL: fake.url, preemption.ENV_POLL: "0.05",
+               ENV_METADATA_URL: fake.url, preemption.ENV_POLL: "0.05",
                ENV_FAILURE_DIR: str(tmp_path / "failures")}
         process = subprocess.Popen([sys.executable, str(script), url], env=env, text=True,
                                    stdout=subprocess.PIPE, stderr=messages)

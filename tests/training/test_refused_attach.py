@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import TensorDataset
 
 import burst
-from burst.contract import Exit
+from burst.contract import ENV_METADATA_URL, Exit
 from burst.errors import BurstError
 from burst.snapshot import format as fmt
 from burst.snapshot import reader
@@ -42,7 +42,7 @@ def quiet_process(monkeypatch):
     monkeypatch.setenv("BURST_FREEZE", "0")
     # the preemption watcher starts (a dead metadata address: it polls, finds nothing)
     monkeypatch.setenv(preemption.ENV_PROVIDER, "aws")
-    monkeypatch.setenv(preemption.ENV_METADATA_URL, "http://127.0.0.1:9")
+    monkeypatch.setenv(ENV_METADATA_URL, "http://127.0.0.1:9")
     monkeypatch.setenv(preemption.ENV_POLL, "0.2")
 
 

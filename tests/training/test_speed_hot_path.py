@@ -14,13 +14,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import burst
+from burst.contract import ENV_FAULT
 from burst.env.freeze import FREEZE_ENV
 from burst.parallel.group import Group, StepVote
 from burst.snapshot import tree
 from burst.snapshot.tiers import Captured, write_snapshot
 from burst.state import capture as state_mod
 from burst.store import LocalStore
-from burst.training import faults
 
 
 class Normed(torch.nn.Module):
@@ -66,7 +66,7 @@ def assert_newest_holds(tmp_path, run_id: str, expected: dict[str, torch.Tensor]
 
 def test_an_oom_mid_step_saves_the_buffers_of_the_step_boundary(tmp_path, monkeypatch):
     monkeypatch.setenv(FREEZE_ENV, "0")  # no environment freeze: not what this is about
-    monkeypatch.setenv(faults.ENV_FAULT, "oom@4")  # a CPU runs out of CUDA memory in drills
+    monkeypatch.setenv(ENV_FAULT, "oom@4")  # a CPU runs out of CUDA memory in drills
     run, model, boundary = trained(tmp_path, "bn", shadow_every=1000)
     run.begin_step()
     model(torch.randn(4, 3) * 5)  # the forward of a step that then runs out of memory
@@ -81,7 +81,7 @@ def test_without_cuda_or_a_drill_an_oom_save_keeps_the_ram_shadow_of_the_boundar
     """A process that never used CUDA marks no boundary (nothing it runs can raise a CUDA
     OOM); should one come, the save falls back on the RAM shadow, never on mid-step state."""
     monkeypatch.setenv(FREEZE_ENV, "0")
-    monkeypatch.delenv(faults.ENV_FAULT, raising=False)
+    monkeypatch.delenv(ENV_FAULT, raising=False)
     run, model, shadowed = trained(tmp_path, "cpu", shadow_every=3)  # step 3's shadow
     one_step(run, model, run.components.optimizer, torch.randn(4, 3))
     run.begin_step()

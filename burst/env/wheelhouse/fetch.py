@@ -19,6 +19,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from burst.contract import ENV_TORCH_INDEX
 from burst.env import lockfile, pkgindex, torchvariant
 from burst.env.lockfile import TORCH_FAMILY, Lockfile
 from burst.env.wheelhouse import pip, reach
@@ -53,7 +54,7 @@ def download_pins(pins: list[Pin], target: Target, lock: Lockfile, root: Path,
 
 
 def _torch_index(lock: Lockfile, target: Target, override: str | None) -> str | None:
-    template = (override or os.environ.get("BURST_TORCH_INDEX") or lock.torch_index_template()
+    template = (override or os.environ.get(ENV_TORCH_INDEX) or lock.torch_index_template()
                 or pkgindex.DEFAULT_TORCH_INDEX)
     variant = target.torch_variant or "default"
     return torchvariant.index_url(variant, template) if "{variant}" in template else template
