@@ -26,6 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from enum import Enum
 from typing import Any
 
 import torch
@@ -148,11 +149,22 @@ class Sharding:
     launch: str | None
 
 
+class SetState(Enum):
+    """What one of the two shadow buffer sets holds (:meth:`Tiers.state_of`). A set can be
+    the latest capture and queued at once; it then answers ``LATEST``, the state that
+    decides where the next capture goes (the order below is the order of precedence)."""
+
+    WRITING = "writing"  # the persister reads it: never touched until done
+    LATEST = "latest"  # the newest capture: the next one goes to the other set if it can
+    PENDING = "pending"  # queued for writing: a newer capture may replace it
+    FREE = "free"
+
+
 class Tiers:
     """The RAM shadow and the background persister, sharing two buffer sets.
 
-    States of a buffer set: holding the latest capture, pending (queued for writing),
-    being written (never touched until done), or free. A capture always goes to a set
+    States of a buffer set (:class:`SetState`): holding the latest capture, pending
+    (queued for writing), being written (never touched until done), or free. A capture always goes to a set
     that is not being written; if that set was pending, the newer capture replaces the
     pending one, so a queued snapshot is never half-overwritten.
     """
@@ -217,11 +229,20 @@ class Tiers:
             self.persist(captured)
         return captured
 
+    def state_of(self, buffers: ShadowBuffers) -> SetState:
+        """What ``buffers`` holds now (call under the condition's lock, or in a test)."""
+        for state, captured in ((SetState.WRITING, self._writing), (SetState.LATEST, self.latest),
+                                (SetState.PENDING, self._pending)):
+            if captured is not None and captured.buffers is buffers:
+                return state
+        return SetState.FREE
+
     def _free_set(self) -> ShadowBuffers:
-        writing = self._writing.buffers if self._writing else None
-        candidates = [s for s in self._sets if s is not writing]
-        latest = self.latest.buffers if self.latest else None
-        return next((s for s in candidates if s is not latest), candidates[0])
+        """The set the next capture overwrites: never one being written, and not the
+        latest capture while the other set can take it."""
+        candidates = [s for s in self._sets if self.state_of(s) is not SetState.WRITING]
+        return next((s for s in candidates if self.state_of(s) is not SetState.LATEST),
+                    candidates[0])
 
     def persist(self, captured: Captured | None = None) -> None:
         """Queue ``captured`` (default: the latest capture) for writing in the background."""
