@@ -18,6 +18,7 @@ from burst.cli.options import (
     store_option,
     store_settings,
 )
+from burst.contract import ENV_RUN_ID
 from burst.preflight import check as preflight
 from burst.preflight.clouds import DEFAULT_TIMEOUT
 from burst.preflight.table import FAIL, OK, UNKNOWN, WARN, Report
@@ -34,7 +35,7 @@ def _targets(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 
 
 @click.command("check")
-@click.argument("run_id", required=False, envvar="BURST_RUN_ID")
+@click.argument("run_id", required=False, envvar=ENV_RUN_ID)
 @click.option("--to", multiple=True, metavar="WHERE", callback=_targets,
               help="Where a burst would go: skypilot (default), local, ssh://[user@]host[:port] "
                    "(repeatable).")

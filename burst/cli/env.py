@@ -17,7 +17,7 @@ from rich.table import Table
 from burst.cli.console import make_console
 from burst.cli.options import json_option, store_option
 from burst.cli.wheels import describe_wheels, wheel_target, wheels_options
-from burst.contract import ENV_TORCH_INDEX
+from burst.contract import ENV_RUN_ID, ENV_TORCH_INDEX
 from burst.env import check as envcheck
 from burst.env import codearchive, freeze, lockfile, wheelhouse
 from burst.env import install as envinstall
@@ -29,7 +29,7 @@ _COLORS = {envcheck.ERROR: "red", envcheck.WARNING: "yellow", envcheck.NOTE: "di
 
 
 def _run_id(run_id: str | None) -> str | None:
-    return run_id or os.environ.get("BURST_RUN_ID") or None
+    return run_id or os.environ.get(ENV_RUN_ID) or None
 
 
 @click.command("freeze")

@@ -16,7 +16,7 @@ from burst.cli.options import (
     split_csv,
     store_option,
 )
-from burst.contract import Reason
+from burst.contract import ENV_RUN_ID, Reason
 from burst.env import interpreter
 from burst.errors import BurstError
 from burst.plan import planner, regions
@@ -30,7 +30,7 @@ OFFLINE_ENV = "BURST_OFFLINE"
 
 
 @click.command("plan")
-@click.argument("run_id", required=False, envvar="BURST_RUN_ID")
+@click.argument("run_id", required=False, envvar=ENV_RUN_ID)
 @click.option("--gpu", "cards", multiple=True, metavar="NAME[,NAME]",
               help="Allowed cards (default: every card in the catalog).")
 @click.option("--count", "counts", multiple=True, metavar="N[,N]",

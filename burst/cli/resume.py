@@ -24,6 +24,7 @@ from burst.cli.options import (
 )
 from burst.cli.plan import OFFLINE_ENV
 from burst.cli.wheels import wheels_options
+from burst.contract import ENV_RUN_ID
 from burst.env import wheelchoice
 from burst.errors import BurstError
 from burst.launch import STUB_ROOT_ENV, Launcher, Reporter, open_launcher
@@ -83,7 +84,7 @@ def _shares_network(to: str) -> bool:
 
 
 @click.command("resume", context_settings={"ignore_unknown_options": True})
-@click.argument("run_id", required=False, envvar="BURST_RUN_ID")
+@click.argument("run_id", required=False, envvar=ENV_RUN_ID)
 @click.option("--to", default="skypilot", show_default=True,
               help="skypilot, ssh://[user@]host[:port], or local (the SkyPilot stub).")
 @click.option("--gpu", "cards", multiple=True, metavar="NAME[,NAME]",

@@ -13,6 +13,7 @@ import click
 
 from burst import events
 from burst.cli.options import check_target, json_option, local_option, store_option
+from burst.contract import ENV_LOCAL, ENV_RUN_ID
 from burst.errors import ConfigError
 from burst.inputs.names import INPUTS_ENV
 from burst.inputs.selection import declared_value
@@ -33,7 +34,7 @@ from burst.training.faults import parse as parse_faults
 
 def supervision_options(fn):
     for option in reversed((
-        click.option("--run-id", envvar="BURST_RUN_ID", required=True,
+        click.option("--run-id", envvar=ENV_RUN_ID, required=True,
                      help="The run to supervise (also given to the child as $BURST_RUN_ID)."),
         store_option,
         local_option,
@@ -95,7 +96,7 @@ def build_agent(options: dict, fault: str | None = None, json_output: bool = Fal
     return Agent(list(options["command"]), run_id=run_id, store=history,
                  store_url=options["store_url"], policy=policy, watch=watch, fault=fault,
                  launcher=launcher,
-                 env={"BURST_LOCAL": options["local_url"], **declared_inputs(options)},
+                 env={ENV_LOCAL: options["local_url"], **declared_inputs(options)},
                  say=lambda msg: click.echo(f"burst: {msg}", err=True),
                  child_stdout=sys.stderr if json_output else None,
                  share=machine_share(options))

@@ -12,6 +12,7 @@ import click
 from burst.cli.console import cell, human_age, make_console
 from burst.cli.options import json_option, local_option, open_existing, store_option
 from burst.cli.snapshots import exit_if_unreadable, run_cells
+from burst.contract import ENV_RUN_ID
 from burst.errors import BurstError
 from burst.resume.status import intervals_line, run_status
 from burst.snapshot.catalog import human_bytes, list_runs
@@ -20,7 +21,7 @@ from burst.supervise.coordinator import Claim, Coordinator
 
 
 @click.command("status")
-@click.argument("run_id", required=False, envvar="BURST_RUN_ID")
+@click.argument("run_id", required=False, envvar=ENV_RUN_ID)
 @store_option
 @local_option
 @json_option
