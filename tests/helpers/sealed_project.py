@@ -151,18 +151,20 @@ def sealed_wheel_cache(tmp_path_factory) -> Path:
 
 
 def kill_then_resume(project: Path, url: str, run_id: str, env: dict[str, str], fault: str,
-                     train_args: tuple[str, ...], node_args: tuple[str, ...] = ()
+                     train_args: tuple[str, ...], node_args: tuple[str, ...] = (),
+                     to: str = "local", resume_args: tuple[str, ...] = ()
                      ) -> subprocess.CompletedProcess:
-    """Train ``train.py`` until ``fault`` SIGKILLs it, then ``burst resume --to local``
-    into a sealed node with the same command (plus ``node_args``); the resume's result."""
+    """Train ``train.py`` until ``fault`` SIGKILLs it, then ``burst resume --to TO`` (the
+    local stub's sealed node, or a sealed box's ``ssh://`` URL, with ``resume_args`` such as
+    its keys) with the same command (plus ``node_args``); the resume's result."""
     killed = subprocess.run([PY, "train.py", "--run-id", run_id, "--store", url, *train_args],
                             cwd=project, capture_output=True, text=True, timeout=600,
                             check=False, env={**env, "BURST_FAULT": fault,
                                               "BURST_LOCAL": str(project / ".burst")})
     assert killed.returncode == -9, killed.stderr[-3000:]
-    return subprocess.run([PY, "-m", "burst.cli", "resume", run_id, "--to", "local", "--store",
-                           url, "--local", str(project / ".burst"), "--", "python",
-                           "train.py", *train_args, *node_args],
+    return subprocess.run([PY, "-m", "burst.cli", "resume", run_id, "--to", to, "--store",
+                           url, "--local", str(project / ".burst"), *resume_args, "--",
+                           "python", "train.py", *train_args, *node_args],
                           cwd=project, capture_output=True, text=True, timeout=1800,
                           check=False, env=env)
 
