@@ -109,6 +109,9 @@ ENV_TEMPLATES = "BURST_TEMPLATES"  # the task templates (tests, a packaged check
 ENV_ENDPOINT_URL = "BURST_ENDPOINT_URL"
 ENV_METADATA_URL = "BURST_METADATA_URL"  # the cloud metadata server (roles, preemption)
 
+# the CLI: plan from the embedded card table only (also set on nodes, which reach no catalog)
+ENV_OFFLINE = "BURST_OFFLINE"
+
 # the agent and its child
 ENV_FAILURE_DIR = "BURST_FAILURE_DIR"  # a fresh directory per attempt for failure records
 ENV_FAULT = "BURST_FAULT"  # a drill's injected fault (burst.training.faults)

@@ -18,13 +18,12 @@ from burst.cli.options import (
     store_option,
     store_settings,
 )
-from burst.contract import ENV_RUN_ID
+from burst.contract import ENV_OFFLINE, ENV_RUN_ID
 from burst.preflight import check as preflight
 from burst.preflight.clouds import DEFAULT_TIMEOUT
 from burst.preflight.table import FAIL, OK, UNKNOWN, WARN, Report
 
 NOT_READY = 1
-OFFLINE_ENV = "BURST_OFFLINE"
 STYLES = {OK: "green", FAIL: "red", WARN: "yellow", UNKNOWN: "magenta"}
 
 
@@ -45,9 +44,9 @@ def _targets(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]
 @click.option("--ssh-config", default=None, help="ssh: the SSH config file.")
 @click.option("--identity", default=None, help="ssh: the private key.")
 @click.option("--known-hosts", default=None, help="ssh: the known_hosts file.")
-@click.option("--offline", is_flag=True, envvar=OFFLINE_ENV,
+@click.option("--offline", is_flag=True, envvar=ENV_OFFLINE,
               help=f"Do not ask SkyPilot (its row is then unknown) and plan from the embedded "
-                   f"card table (${OFFLINE_ENV}).")
+                   f"card table (${ENV_OFFLINE}).")
 @click.option("--plan-region", "plan_region", default="any", show_default=True,
               help="The region profile a burst would plan in, as burst resume --region "
                    "(beijing: also the image and the jobs controller a mainland burst needs).")

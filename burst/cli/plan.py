@@ -16,7 +16,7 @@ from burst.cli.options import (
     split_csv,
     store_option,
 )
-from burst.contract import ENV_RUN_ID, Reason
+from burst.contract import ENV_OFFLINE, ENV_RUN_ID, Reason
 from burst.env import interpreter
 from burst.errors import BurstError
 from burst.plan import planner, regions
@@ -25,8 +25,6 @@ from burst.plan.replan import Replan, replan
 from burst.resume import downloads
 from burst.snapshot.catalog import human_bytes
 from burst.store import Store, open_store
-
-OFFLINE_ENV = "BURST_OFFLINE"
 
 
 @click.command("plan")
@@ -58,8 +56,8 @@ OFFLINE_ENV = "BURST_OFFLINE"
               help="Plan as if the run had run out of memory (only bigger cards).")
 @click.option("--config", "config_path", type=click.Path(dir_okay=False), default=None,
               help="burst config file (default $BURST_CONFIG or ~/.config/burst/config.toml).")
-@click.option("--offline", is_flag=True, envvar=OFFLINE_ENV,
-              help=f"Use only the embedded card table, not SkyPilot's catalog (${OFFLINE_ENV}); "
+@click.option("--offline", is_flag=True, envvar=ENV_OFFLINE,
+              help=f"Use only the embedded card table, not SkyPilot's catalog (${ENV_OFFLINE}); "
                    "places are still checked against SkyPilot's cached catalog files, which "
                    "need no network.")
 @click.option("--limit", type=click.IntRange(min=1), default=15, show_default=True,
@@ -84,7 +82,7 @@ def plan_command(run_id: str | None, cards: tuple[str, ...], counts: tuple[str, 
                                 order=regions.parse_order(order, "--order") if order else None),
         total_steps=total_steps, epochs=epochs, reason=Reason.OOM if after_oom else None,
         config=user_config.load(config_path), skypilot=not offline and not os.environ.get(
-            OFFLINE_ENV),
+            ENV_OFFLINE),
     )
     python = interpreter.for_run(store, run_id, [p.target.place.image_id
                                                  for p in result.plans if p.fits] or [None])
