@@ -51,7 +51,6 @@ from burst.store import Store, open_store
 from burst.supervise.agent import Agent, Policy
 from burst.training import failure
 
-NODE_DIR_ENV = ENV_NODE_DIR  # the task's name for this node's directory (burst.contract)
 PULL_EVENT = "node-pull"  # a node's snapshot download: its bytes and seconds
 
 Say = Callable[[str], None]
@@ -59,7 +58,7 @@ Say = Callable[[str], None]
 
 def node_dir() -> Path:
     """``$BURST_NODE_DIR``, else ``~/burst-node``: code, venv and local snapshots live here."""
-    return Path(os.environ.get(NODE_DIR_ENV) or Path.home() / "burst-node")
+    return Path(os.environ.get(ENV_NODE_DIR) or Path.home() / "burst-node")
 
 
 def run_identity(environ: Mapping[str, str] | None = None) -> tuple[str, str]:

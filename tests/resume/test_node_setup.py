@@ -10,6 +10,7 @@ import subprocess
 
 import pytest
 
+from burst.contract import ENV_NODE_DIR
 from burst.env import freeze, wheelhouse
 from burst.env.lockfile import Package
 from burst.resume import node
@@ -23,7 +24,7 @@ RUN = "r"
 @pytest.fixture
 def offline_node(tmp_path, monkeypatch):
     """A node directory, a CPU card, and pip whose only index is a dead port."""
-    monkeypatch.setenv(node.NODE_DIR_ENV, str(tmp_path / "node"))
+    monkeypatch.setenv(ENV_NODE_DIR, str(tmp_path / "node"))
     monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
     monkeypatch.setenv("PIP_INDEX_URL", f"http://127.0.0.1:{free_port()}/simple")
     monkeypatch.delenv("PIP_FIND_LINKS", raising=False)
