@@ -22,9 +22,8 @@ from burst.cli.options import (
     split_csv,
     store_option,
 )
-from burst.cli.plan import OFFLINE_ENV
 from burst.cli.wheels import wheels_options
-from burst.contract import ENV_RUN_ID
+from burst.contract import ENV_OFFLINE, ENV_RUN_ID
 from burst.env import wheelchoice
 from burst.errors import BurstError
 from burst.launch import STUB_ROOT_ENV, Launcher, Reporter, open_launcher
@@ -66,7 +65,7 @@ def _request(run_id: str, options: dict, command: tuple[str, ...], dry_run: bool
         max_preemptions=options.get("max_preemptions", restarts.DEFAULT_MAX_PREEMPTIONS),
         preemption_hours=options.get("preemption_hours"),
         config=user_config.load(options["config_path"]),
-        skypilot_catalog=not options["offline"] and not os.environ.get(OFFLINE_ENV),
+        skypilot_catalog=not options["offline"] and not os.environ.get(ENV_OFFLINE),
         remote_node=options["to"] != "local", dry_run=dry_run,
         temporary_credentials=bool(options.get("allow_temporary_credentials")),
         private_endpoints=bool(options.get("allow_private_endpoints"))
@@ -263,7 +262,7 @@ def agent_launcher(store_url: str, local_url: str, to: str) -> Callable[[str], i
                    "node_python": os.environ.get("BURST_NODE_PYTHON"), "burst_spec": None,
                    "secrets": (), "mode": "jobs", "config_path": None,
                    "max_restarts": restarts.DEFAULT_MAX_RESTARTS,
-                   "offline": bool(os.environ.get(OFFLINE_ENV))}
+                   "offline": bool(os.environ.get(ENV_OFFLINE))}
         try:
             launcher = _launcher(to, options)
             prepared = resume.prepare(_request(run_id, options, ()),
