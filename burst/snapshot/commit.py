@@ -46,8 +46,9 @@ write the same step:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from typing import Any
 
 from burst import killpoints
@@ -72,7 +73,20 @@ def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str,
     manifest as the caller built it, if it has it, so the fence reads its generation
     without parsing the bytes (twice a commit, every persist). Returns False when
     ``overwrite`` is off and the step was already there, True when this manifest is in.
+
+    Both passes over the blobs (writing them, then checking them after the manifest)
+    share one set of threads: a thread started from the idle-priority persister waits
+    to be first scheduled, which on a busy machine cost more than checking the blobs.
     """
+    with _workers(len(blobs)) as pool:
+        return _commit(dst, run_id, step, manifest, blobs, land, overwrite=overwrite,
+                       points=points, policy=policy, on_blob=on_blob, parsed=parsed, pool=pool)
+
+
+def _commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str, int],
+            land: Land, *, overwrite: bool, points: str, policy: RetryPolicy,
+            on_blob: OnBlob | None, parsed: Mapping[str, Any] | None,
+            pool: ThreadPoolExecutor | None) -> bool:
     fenced = manifest if parsed is None else parsed
     key = fmt.manifest_key(run_id, step)
     if not overwrite and retry(lambda: dst.size(key), policy) is not None:
@@ -88,7 +102,7 @@ def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str,
         if on_blob is not None:
             on_blob(blobs[digest], not present)
 
-    each_blob(write, sorted(blobs, key=blobs.__getitem__, reverse=True))
+    each_blob(write, sorted(blobs, key=blobs.__getitem__, reverse=True), pool)
     killpoints.hit(f"{points}.blobs-written")
     try:
         lineage.check(dst, run_id, fenced, publishing=not overwrite, policy=policy)
@@ -110,7 +124,7 @@ def commit(dst: Store, run_id: str, step: int, manifest: bytes, blobs: dict[str,
             if on_blob is not None:
                 on_blob(blobs[digest], True)
 
-    each_blob(repair, list(blobs))
+    each_blob(repair, list(blobs), pool)
     retry(lambda: dst.delete(marker), policy)
     killpoints.hit(f"{points}.marker-deleted")
     return written
@@ -149,13 +163,28 @@ def _land(dst: Store, run_id: str, digest: str, size: int, land: Land, points: s
                             f"wrote {size}")
 
 
-def each_blob(fn: Callable[[str], None], items: list[str]) -> None:
-    """Run ``fn`` over ``items`` (blob digests) on a few threads; the first failure is
-    raised. Every writer of blobs lands them this way (a sharded snapshot's parts too)."""
+def each_blob(fn: Callable[[str], None], items: list[str],
+              pool: ThreadPoolExecutor | None = None) -> None:
+    """Run ``fn`` over ``items`` (blob digests) on a few threads (``pool``'s, or ones of
+    its own); the first failure is raised. Every writer of blobs lands them this way (a
+    sharded snapshot's parts too)."""
     if len(items) <= 1:
         for item in items:
             fn(item)
         return
-    with ThreadPoolExecutor(min(WORKERS, len(items)), thread_name_prefix="burst-commit") as pool:
-        for future in [pool.submit(fn, item) for item in items]:
-            future.result()
+    if pool is None:
+        with _workers(len(items)) as own:
+            each_blob(fn, items, own)
+        return
+    for future in [pool.submit(fn, item) for item in items]:
+        future.result()
+
+
+@contextmanager
+def _workers(items: int) -> Iterator[ThreadPoolExecutor | None]:
+    """Threads for ``items`` blobs; none for one (it is written on the caller's thread)."""
+    if items <= 1:
+        yield None
+        return
+    with ThreadPoolExecutor(min(WORKERS, items), thread_name_prefix="burst-commit") as pool:
+        yield pool

@@ -213,8 +213,8 @@ def commit_parts(store: Store, run_id: str, step: int, world_size: int, *, tree:
     it; return the manifest. None (nothing committed) when a rank skipped the step;
     :class:`SnapshotError` when a rank has not reported within ``timeout`` seconds."""
     waiting = _Waiting(store, run_id, step, world_size, launch, policy)
-    deadline = time.monotonic() + timeout
-    delay = poll
+    began = time.monotonic()
+    deadline = began + timeout
     while True:
         done = waiting.poll()
         if done is None:
@@ -226,8 +226,10 @@ def commit_parts(store: Store, run_id: str, step: int, world_size: int, *, tree:
             raise SnapshotError(f"the snapshot of step {step} is incomplete: rank(s) "
                                 f"{', '.join(map(str, waiting.missing()))} did not report "
                                 f"their part within {timeout:.0f}s")
-        time.sleep(delay)
-        delay = min(delay * 2, _POLL_MAX)
+        # listings grow sparser as the wait goes on, but never by more than an eighth of
+        # the time already waited: doubling the delay made rank 0 notice the last part up
+        # to as long again after it landed
+        time.sleep(min(max(poll, (time.monotonic() - began) / 8), _POLL_MAX))
     killpoints.hit("shard-commit.parts-read")
     algo = _hash_of(waiting)
     tensors, blobs, owner = merge(waiting.reports, world_size)
