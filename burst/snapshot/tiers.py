@@ -201,6 +201,7 @@ class Tiers:
         self.priority: str | None = None
         self.sharding: Sharding | None = None
         self._swept_at: float | None = None  # when a prune last swept temporaries
+        self._prune_owed: Store | None = None  # the store a commit left unpruned, if any
 
     def shard_into(self, store: Store, rank: int, world_size: int, *, timeout: float = 300.0,
                    launch: str | None = None) -> None:
@@ -271,6 +272,11 @@ class Tiers:
         self.priority = priority.lower_this_thread()
         while True:
             with self._cond:
+                owed = self._prune_owed if self._pending is None else None
+            if owed is not None:  # idle now: the last commit's retention, before flush returns
+                self._guarded(self._pruned, owed, self.committed_step)
+                continue
+            with self._cond:
                 if self._pending is None:
                     self._running = False
                     self._cond.notify_all()
@@ -281,30 +287,38 @@ class Tiers:
                 captured, self._pending = self._pending, None
                 self._writing = captured
             try:
-                started = time.monotonic()
-                sharding = self.sharding
-                if sharding is None:
-                    self._write_whole(captured, started)
-                else:
-                    self._write_part(captured, sharding, started)
-            except BaseException as exc:  # surfaced to the training thread by flush()
-                with self._cond:
-                    self._error = exc
-                # said now, too: a loop that never flushes would otherwise train for hours
-                # believing it is protected (a full disk, a revoked mount)
-                warnings.warn(f"burst: the snapshot of step {captured.step} could not be "
-                              f"written ({_one_line(exc)}); the previous snapshot is kept",
-                              RuntimeWarning, stacklevel=1)
+                self._guarded(self._write, captured, captured.step)
             finally:
                 with self._cond:
                     self._writing = None
+
+    def _guarded(self, work: Callable[[Any], None], arg: Any, step: int | None) -> None:
+        """``work(arg)``, a failure kept for flush() to raise and warned about now."""
+        try:
+            work(arg)
+        except BaseException as exc:  # surfaced to the training thread by flush()
+            with self._cond:
+                self._error = exc
+            # said now, too: a loop that never flushes would otherwise train for hours
+            # believing it is protected (a full disk, a revoked mount)
+            warnings.warn(f"burst: the snapshot of step {step} could not be "
+                          f"written ({_one_line(exc)}); the previous snapshot is kept",
+                          RuntimeWarning, stacklevel=1)
+
+    def _write(self, captured: Captured) -> None:
+        started = time.monotonic()
+        sharding = self.sharding
+        if sharding is None:
+            self._write_whole(captured, started)
+        else:
+            self._write_part(captured, sharding, started)
 
     def _write_whole(self, captured: Captured, started: float) -> None:
         if self.complete_meta is not None:
             captured = replace(captured, meta=self.complete_meta(captured.meta))
         manifest = write_snapshot(self.store, self.run_id, captured, self.stamp)
         self.committed_step = captured.step
-        self._prune(self.store)
+        self._prune_after(self.store)
         self.last_write_seconds = time.monotonic() - started
         self.writes += 1
         if self.on_commit:
@@ -329,11 +343,28 @@ class Tiers:
                                           launch=sharding.launch, timeout=sharding.timeout)
             if manifest is not None:
                 self.committed_step = captured.step
-                self._prune(store)
+                self._prune_after(store)
         self.last_write_seconds = time.monotonic() - started
         self.writes += 1
         if manifest is not None and self.on_commit:
             self.on_commit(manifest)
+
+    def _prune_after(self, store: Store) -> None:
+        """Prune now, or, when a newer snapshot is already queued, once the persister is
+        idle (before flush() returns, as ever): a queued snapshot's commit no longer
+        waits behind its predecessor's retention (unlinking a dropped snapshot's blobs,
+        2 ms a file on this project's test machine). Pruning is never needed for a commit
+        to be complete: the newest snapshots are the ones it keeps."""
+        with self._cond:
+            if self._pending is not None:
+                self._prune_owed = store
+                return
+        self._pruned(store)
+
+    def _pruned(self, store: Store) -> None:
+        with self._cond:
+            self._prune_owed = None
+        self._prune(store)
 
     def _prune(self, store: Store) -> None:
         """Keep the newest ``keep`` snapshots (:func:`prune`); sweep killed writes'

@@ -182,3 +182,35 @@ def test_a_child_forked_while_the_persister_idles_writes_with_a_persister_of_its
             os._exit(code)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+class HeldStore(LocalStore):
+    """A local tier whose put of one key waits until the test lets it go."""
+
+    def __init__(self, root: os.PathLike[str], held: str) -> None:
+        super().__init__(root)
+        self.held, self.reached, self.release = held, threading.Event(), threading.Event()
+
+    def put(self, key: str, data: bytes | bytearray | memoryview) -> None:
+        if key == self.held:
+            self.reached.set()
+            self.release.wait(60)
+        super().put(key, data)
+
+
+def test_a_queued_snapshot_is_written_before_the_last_ones_prune_and_flush_waits_for_both(
+        tmp_path):
+    store = HeldStore(tmp_path, fmt.manifest_key(RUN, 2))
+    seen: dict[int, list[int]] = {}
+    persister = Tiers(store, RUN, keep=1, on_commit=lambda manifest: seen.setdefault(
+        manifest["step"], reader.list_steps(store, RUN)))
+    persister.persist(as_captured(1, small_state(1)))
+    persister.flush(timeout=30)
+    persister.persist(as_captured(2, small_state(2)))
+    assert store.reached.wait(60)  # step 2's manifest is being put
+    persister.persist(as_captured(3, small_state(3)))  # queued meanwhile
+    store.release.set()
+    persister.flush(timeout=60)
+    assert seen[2] == [1, 2]  # step 1 outlived step 2's commit: step 3 was waiting
+    assert seen[3] == [3]  # pruned before step 3's commit was announced, as ever
+    assert reader.list_steps(store, RUN) == [3]
