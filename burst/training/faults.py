@@ -30,9 +30,14 @@ import os
 import signal
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
+from burst import events
 from burst.contract import ENV_FAULT
 from burst.errors import ConfigError
+
+if TYPE_CHECKING:  # only a type: drills stay light to import
+    from burst.store import Store
 
 KINDS = ("oom", "oom-optimizer", "sticky", "kill", "term")
 ALWAYS = "always"  # the option that makes a fault fire in every process, not once a run
@@ -134,3 +139,22 @@ def _fire(fault: Fault) -> None:
         error = getattr(torch, "AcceleratorError", RuntimeError)
         raise error(f"CUDA error: an illegal memory access was encountered ({where})")
     os.kill(os.getpid(), signal.SIGKILL if fault.kind == "kill" else signal.SIGTERM)
+
+
+def for_run(local: Store, store: Store, run_id: str, record: Callable[..., None],
+            settle: Callable[[], None]) -> Injector:
+    """The drills ``BURST_FAULT`` sets for this run's process, less the one-shot ones its
+    history says already fired (one-shot per run, not per process: the local history is
+    the main witness, the store's adds a node's); each one that fires is recorded.
+    Nothing is read when no fault is set."""
+    injector = Injector.from_env()
+    injector.settle = settle
+    injector.on_fire = lambda fault: record(FIRED_EVENT, fault=fault.name, kind=fault.kind,
+                                            step=fault.step)
+    if injector.pending:
+        history = events.read(local, run_id)
+        if store is not local:
+            with contextlib.suppress(Exception):
+                history += events.read(store, run_id)
+        injector.forget_fired(fired(history))
+    return injector

@@ -13,14 +13,15 @@ T = TypeVar("T")
 
 
 class Forward(Generic[T]):
-    """``owner.<name>`` reads (and, when the part allows, writes) ``owner.<part>.<name>``."""
+    """``owner.<name>`` reads (and, when the part allows, writes) ``owner.<part>.<name>``
+    (``owner.<part>.<field>`` when the part calls it ``field``)."""
 
-    def __init__(self, part: str) -> None:
+    def __init__(self, part: str, field: str = "") -> None:
         self.part = part
-        self.name = ""
+        self.name = field
 
     def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
+        self.name = self.name or name
 
     @overload
     def __get__(self, obj: None, owner: type | None = None) -> Forward[T]: ...

@@ -19,6 +19,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
+from torch.utils.data import DataLoader
 
 from burst.contract import (  # the plan's names (burst.contract.PlanEnv)
     ENV_ACCUMULATION,
@@ -53,7 +54,7 @@ class Layout:
                          "micro_batch")
         layout = cls(global_batch, micro, _accumulation(global_batch, micro, world_size),
                      world_size, rank, micro)
-        layout._check_env(env)
+        _check_plan_env(layout, env)
         _apply_tf32(env.get(ENV_TF32))
         return layout
 
@@ -87,6 +88,22 @@ class Layout:
             check_same_data(saved, sampler.state())
         return sampler
 
+    def check_loader(self, loader: DataLoader) -> ResumableSampler:
+        """The loader ``run.steps`` iterates: its sampler (following the loader's data)
+        and batch size must be this layout's, and only the sampler may drop the last
+        samples (a loader's ``drop_last`` would drop per rank)."""
+        if not isinstance(loader.sampler, ResumableSampler):
+            raise ConfigError("run.steps() needs a DataLoader with sampler=burst.ResumableSampler")
+        if loader.batch_size != self.planned_micro:
+            raise ConfigError(f"the DataLoader's batch_size is {loader.batch_size}, the run's "
+                              f"micro-batch {self.planned_micro}: use batch_size=run.micro_batch "
+                              "(read before the first step)")
+        if self.world_size > 1 and loader.drop_last:
+            raise ConfigError("on several ranks use ResumableSampler(drop_last=True), not the "
+                              "DataLoader's drop_last (it would drop per rank)")
+        loader.sampler.follow(loader)  # a SeededDataset, whatever the sampler was built over
+        return loader.sampler
+
     def check_snapshot(self, manifest: dict, sampler: ResumableSampler | None) -> None:
         """Refuse a snapshot this run cannot continue from exactly, before restoring it."""
         batch = manifest.get("batch", {})
@@ -110,15 +127,6 @@ class Layout:
                                 f"{length}: the data differs from the snapshot's")
         partition.check_lockstep(length - position, self.global_batch, self.micro_batch,
                                  self.world_size)
-
-    def _check_env(self, env: Mapping[str, str]) -> None:
-        """A plan passed in the environment must agree with what this process computed."""
-        for name, actual in ((ENV_ACCUMULATION, self.accumulation),
-                             (ENV_WORLD_SIZE, self.world_size)):
-            planned = _env_int(env, name)
-            if planned is not None and planned != actual:
-                raise ConfigError(f"the plan says ${name}={planned}, but this process has "
-                                  f"{actual}: launch with the planned number of processes")
 
 
 def planned_amp(given: str | None, env: Mapping[str, str] = os.environ) -> str | None:
@@ -157,6 +165,16 @@ def _accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
         raise ConfigError(f"global batch {global_batch} is not a multiple of micro-batch "
                           f"{micro_batch} x world size {world_size}")
     return global_batch // per_step
+
+
+def _check_plan_env(layout: Layout, env: Mapping[str, str]) -> None:
+    """A plan passed in the environment must agree with what this process computed."""
+    for name, actual in ((ENV_ACCUMULATION, layout.accumulation),
+                         (ENV_WORLD_SIZE, layout.world_size)):
+        planned = _env_int(env, name)
+        if planned is not None and planned != actual:
+            raise ConfigError(f"the plan says ${name}={planned}, but this process has "
+                              f"{actual}: launch with the planned number of processes")
 
 
 def _apply_tf32(value: str | None) -> None:

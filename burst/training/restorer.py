@@ -26,6 +26,7 @@ from burst.training import fencing
 from burst.training.layout import Layout
 
 SKIPPED_EVENT = "snapshot-skipped"
+RESUME_EVENT = "resume"
 
 
 class Restorer:
@@ -39,6 +40,10 @@ class Restorer:
         self._record = record
         self._stop_fenced = stop_fenced  # leaves the process (exit 90)
         self._verified_step: int | None = None  # the snapshot whose blobs this rank hashed
+        # the ``resume`` event of a restore, recorded once the data checks out (or at the
+        # first step or snapshot of a loop without a sampler): a refused resume never
+        # enters the run's history
+        self.pending_resume: dict[str, Any] | None = None
 
     def choose(self) -> dict | None:
         """The manifest to restore: rank 0 chooses, every rank reads that one."""
@@ -122,6 +127,12 @@ class Restorer:
         if saved_amp != amp:
             notes.append(f"precision {saved_amp or 'fp32'} -> {amp or 'fp32'}")
         return manifest, saved, notes
+
+    def announce(self) -> None:
+        """Record the restore as a ``resume`` event, once."""
+        pending, self.pending_resume = self.pending_resume, None
+        if pending is not None:
+            self._record(RESUME_EVENT, **pending)
 
     def skipped(self, message: str) -> None:
         """A snapshot passed over: said loudly, and kept in the run's history."""

@@ -12,11 +12,16 @@ copy to host RAM is ``burst.snapshot.tiers``'.
 
 from __future__ import annotations
 
+import platform
+import sys
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime, timezone
 from typing import Any
+
+import torch
 
 from burst.contract import Reason
 from burst.env import freeze
@@ -27,9 +32,10 @@ from burst.snapshot import lineage, reader, sync
 from burst.snapshot import tiers as snapshot_tiers
 from burst.snapshot.upload import UploadQueue
 from burst.store import Store
-from burst.training import adaptive
+from burst.training import adaptive, attach_guard
 from burst.training.preemption import Watcher
 
+UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 INTERVALS_EVENT = "snapshot-intervals"  # the intervals chosen from measured costs
 # How long rank 0 waits for the other ranks' pieces of a sharded snapshot after its own
 # is stored: they write the same share of bytes at the same time, so far more than a
@@ -72,6 +78,12 @@ class Snapshotter:
             launch = group.broadcast_json(uuid.uuid4().hex if group.rank == 0 else None)
             self.tiers.shard_into(store, group.rank, group.world_size,
                                   timeout=SHARD_TIMEOUT_SECONDS, launch=launch)
+
+    def stop_watcher(self) -> None:
+        """End the preemption watcher (a refused attach undoes the one it started)."""
+        if self.watcher is not None:
+            attach_guard.stop_watcher(self.watcher)
+            self.watcher = None
 
     def step_started(self) -> None:
         """The first step's time counts from its start."""
@@ -196,6 +208,33 @@ class Snapshotter:
             sync.copy_extras(self.local, self.store, self.run_id)  # events written since
         else:
             self.uploads.submit(manifest["step"])
+
+
+def manifest_fields(reason: str, *, counters: dict[str, Any], batch: dict[str, Any],
+                    amp: str | None, sampler: dict | None, peaks: dict[str, int],
+                    intervals: adaptive.Intervals) -> dict[str, Any]:
+    """The manifest fields of a capture, before the environment freeze is named
+    (:meth:`Snapshotter.freeze_fields`): where the run stands, how it splits its batch,
+    in which precision, on what software and card, and the intervals in force."""
+    return {
+        "reason": reason,
+        "time": datetime.now(UTC).isoformat(timespec="seconds"),
+        "counters": counters,
+        "batch": batch,
+        "amp": {"dtype": amp},
+        "sampler": sampler,
+        "versions": {"torch": torch.__version__, "python": platform.python_version(),
+                     "cuda": torch.version.cuda, "platform": sys.platform},
+        "card": _card_name(),
+        "memory": {"peak_bytes_by_micro_batch": dict(peaks)},
+        "intervals": intervals.as_dict(),
+    }
+
+
+def _card_name() -> str:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.get_device_name()
+    return "cpu"
 
 
 def interval_policy(shadow_every: int | None, persist_every: int | None,
