@@ -22,7 +22,8 @@ one process:
   checks every blob's hash), and ``torch.load`` does not: a byte flipped in a
   tensor's data loads without a word, with or without ``mmap``.
 
-Measurements are interleaved (a round of each, ``--repeat`` rounds) and medians reported:
+Measurements are interleaved (a round of each, ``--repeat`` rounds, the order rotating
+by round) and medians reported:
 a shared machine is noisy. Targets (issue 17): blocked <= 1.3x floor and < 0.3x
 torch.save + fsync; restore <= torch.load(mmap=True). Figures are ratios measured in the
 same run, never absolute timings checked in tests.
@@ -150,9 +151,12 @@ def main() -> None:
     digest = ""
     for cases in (writes, reads):
         digest = sha256_of(str(saved)) if saved.exists() else digest  # the last save's, once
-        for _ in range(args.repeat):
-            for name, fn in cases.items():
-                times[name] += timed(fn, 1)
+        for round_ in range(args.repeat):
+            # the order rotates by round: a case that always ran right after another
+            # paid for what that one left (its memory to free, the page cache it evicted)
+            names = list(cases)[round_ % len(cases):] + list(cases)[:round_ % len(cases)]
+            for name in names:
+                times[name] += timed(cases[name], 1)
                 if name == "blocked":
                     run.flush()  # let the background write finish before the next one
     floor_times, blocked_times = times["floor"], times["blocked"]
@@ -175,7 +179,7 @@ def main() -> None:
         ("restore: sha256 check + torch.load(mmap)", med(checked_times)),
         ("  the same, Adam moments then touched", med(checked_touched)),
     ]
-    print(f"median of {args.repeat} interleaved rounds:")
+    print(f"median of {args.repeat} interleaved rounds (load average {os.getloadavg()[0]:.1f}):")
     for label, seconds in rows:
         print(f"{label:<40} {seconds * 1000:9.1f} ms  {size / seconds / (1 << 30):6.2f} GiB/s")
     print(f"blocked / floor              = {med(blocked_times) / med(floor_times):.2f}x  "
