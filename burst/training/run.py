@@ -201,8 +201,8 @@ class Run:
         # this launch's generation, taken before any upload or restore (snapshot.lineage)
         self.lineage = outage.at_start(self.store, self.run_id, lambda: lineage.take(
             self.store, self.run_id)) if self.rank == 0 else None
-        self.local, self._uploads = _local_tier(self.store, self.run_id, local,
-                                                uploads=self.rank == 0)
+        self.local, uploads = _local_tier(self.store, self.run_id, local,
+                                          uploads=self.rank == 0)
         # intervals left out are chosen from measured costs (burst.training.adaptive)
         shadow_every = None if shadow_every is None else positive(shadow_every, "shadow_every")
         persist_every = None if persist_every is None else positive(persist_every,
@@ -220,13 +220,13 @@ class Run:
         self._sidecar = Sidecar(self.store, self.local, self.run_id, self.rank,
                                 self._group.is_writer, self.record_event)
         self._snapshots = Snapshotter(
-            self.store, self.local, self._uploads, self.run_id, self._group, self.lineage,
+            self.store, self.local, uploads, self.run_id, self._group, self.lineage,
             keep=keep, policy=policy, persist_every=persist_every,
             describe=lambda reason: self._meta(reason, frozen=False),
             take_state=self._take_state, committed=self._sidecar.committed,
             record=self.record_event)
         self._restorer = Restorer(self.store, self.local, self.run_id, self._group,
-                                  self.lineage, self._uploads, self.record_event,
+                                  self.lineage, uploads, self.record_event,
                                   lambda: fencing.stop(self, self.lineage))
         self._sampler: ResumableSampler | None = None
         self._saved_sampler: dict | None = None
