@@ -154,9 +154,9 @@ class PlanEnv:
         is not one raises ValueError with a one-line message naming the variable; a flag
         other than "1" or "0" is None (the training side has always ignored those)."""
         return cls(
-            micro_batch=_int(environ, ENV_MICRO_BATCH),
-            accumulation=_int(environ, ENV_ACCUMULATION),
-            world_size=_int(environ, ENV_WORLD_SIZE),
+            micro_batch=env_int(environ, ENV_MICRO_BATCH),
+            accumulation=env_int(environ, ENV_ACCUMULATION),
+            world_size=env_int(environ, ENV_WORLD_SIZE),
             amp=environ.get(ENV_AMP),
             grad_scaler=_flag(environ.get(ENV_GRAD_SCALER)),
             tf32=_flag(environ.get(ENV_TF32)),
@@ -178,7 +178,8 @@ def _encode(value: object) -> str:
     return str(value)
 
 
-def _int(environ: Mapping[str, str], name: str) -> int | None:
+def env_int(environ: Mapping[str, str], name: str) -> int | None:
+    """``$name`` as an integer (None when unset or empty); a one-line ValueError else."""
     raw = environ.get(name)
     if not raw:
         return None

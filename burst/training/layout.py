@@ -27,6 +27,7 @@ from burst.contract import (  # the plan's names (burst.contract.PlanEnv)
     ENV_MICRO_BATCH,
     ENV_TF32,
     ENV_WORLD_SIZE,
+    env_int,
 )
 from burst.errors import ConfigError, SnapshotError
 from burst.parallel import partition
@@ -150,13 +151,11 @@ def positive(value: int, name: str) -> int:
 
 
 def _env_int(env: Mapping[str, str], name: str) -> int | None:
-    raw = env.get(name)
-    if not raw:
-        return None
+    """The contract's reading of ``$name``, refused as a configuration error."""
     try:
-        return int(raw)
-    except ValueError:
-        raise ConfigError(f"${name} must be an integer, got {raw!r}") from None
+        return env_int(env, name)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _accumulation(global_batch: int, micro_batch: int, world_size: int) -> int:
