@@ -6,13 +6,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import torch
 
+from burst.inputs import part as inputs_part
 from burst.snapshot import priority
 from burst.store import memory
 
@@ -92,6 +93,15 @@ def assert_same(a: object, b: object, path: str = "") -> None:
 @pytest.fixture
 def store_dir(tmp_path: Path) -> Path:
     return tmp_path / "store"
+
+
+@pytest.fixture(autouse=True)
+def no_inputs_recording_leaks() -> Iterator[None]:
+    """A run a test never closed stops recording when the test ends: its process-wide
+    recorder would otherwise name the next test's files as that run's inputs, and its
+    staging thread print into the next test's captured output."""
+    yield
+    inputs_part.reset()
 
 
 @pytest.fixture(autouse=True)
