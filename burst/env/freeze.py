@@ -116,7 +116,7 @@ _LOCKS: dict[tuple[str, str], threading.Lock] = {}
 _GUARD = threading.Lock()
 _LOCKFILE: list[lockfile.Lockfile] = []
 _UPLOADS: list[threading.Thread] = []
-_EXIT_WAIT: list[bool] = []  # holds True once wait_uploads is registered with atexit
+_EXIT_WAIT: list[int] = []  # the registering pid, once wait_uploads is registered with atexit
 _DONE: dict[tuple[str, str], threading.Event] = {}  # set once _CACHE holds the run
 _GAVE_UP: set[tuple[str, str]] = set()  # runs whose bounded wait has run out once
 _STAGED: set[tuple[str, str]] = set()  # runs whose wheelhouse a stager uploads, throttled
@@ -170,6 +170,7 @@ def _start(store: Store, run_id: str, local: Store | None) -> threading.Event:
         if cache_key in _CACHE:
             done.set()
             return done
+    _wait_at_exit()  # a run that ends while its freeze computes still leaves the lockfile
     # at idle priority: the training step keeps its cores (burst.snapshot.priority)
     priority.start_idle(lambda: freeze_run(store, run_id, local=local), name="burst-freeze")
     return done
@@ -244,18 +245,28 @@ def _freeze_quietly(store: Store, run_id: str, local: Store | None = None) -> Fr
 
 
 def _wait_at_exit() -> None:
-    """Register the bounded wait for uploads at exit, once, when the first upload starts:
-    importing this module (``burst env``, any CLI command) must not arm a 120 s wait."""
+    """Register the bounded wait for the freeze at exit, once, when the first freeze or
+    upload starts: importing this module (``burst env``, any CLI command) must not arm a
+    120 s wait."""
     with _GUARD:
         if not _EXIT_WAIT:
             atexit.register(wait_uploads, EXIT_WAIT_SECONDS)
-            _EXIT_WAIT.append(True)
+            _EXIT_WAIT.append(os.getpid())
 
 
 def wait_uploads(timeout: float | None = None) -> bool:
-    """Block until the background freeze uploads are done; False if ``timeout`` ran out.
-    Runs at interpreter exit too (bounded), so a short run still leaves its lockfile."""
+    """Block until every freeze this process started has computed and stored its lockfile
+    and code; False if ``timeout`` ran out. Runs at interpreter exit too (bounded), so a
+    short run still leaves its lockfile; the failure guard calls it before ``os._exit``
+    (which skips exit handlers), so a run that fails early is still resumable."""
     deadline = None if timeout is None else time.monotonic() + timeout
+    with _GUARD:
+        if _EXIT_WAIT and _EXIT_WAIT[0] != os.getpid():
+            return True  # a forked child: the freeze threads are its parent's
+        computing = list(_DONE.values())
+    for done in computing:
+        if not done.wait(None if deadline is None else max(0.0, deadline - time.monotonic())):
+            return False
     with _GUARD:
         pending = list(_UPLOADS)
     for thread in pending:

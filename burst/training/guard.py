@@ -2,7 +2,9 @@
 
 The guard is installed by ``Run.attach``. It owns the process-wide hooks (SIGTERM and
 SIGINT handlers, ``sys.excepthook``) and turns each failure into the same four moves:
-save the freshest state that is still trustworthy, wait for the store, leave a failure
+save the freshest state that is still trustworthy, wait for the store (the snapshot, and
+the run's environment freeze if it is still running: a failure early in a run must not
+leave a snapshot that ``burst resume`` refuses for want of a lockfile), leave a failure
 record, and exit with a code that says what happened (``burst.training.failure``) so the
 supervisor can pick a policy.
 
@@ -30,6 +32,7 @@ from typing import Any, NoReturn, Protocol
 import torch
 
 from burst.contract import Exit, Reason
+from burst.env import freeze
 from burst.state.capture import Components
 from burst.training import failure
 
@@ -84,6 +87,7 @@ class Guard:
         self._previous_handlers: dict[int, object] = {}
         self._previous_excepthook = sys.excepthook
         self._handling = False
+        self._signalled_at: float | None = None  # monotonic time of the first signal
 
     # -- installation -------------------------------------------------------------------
 
@@ -118,6 +122,7 @@ class Guard:
                                f"second {name}: exited at once, without a new snapshot")
             os._exit(128 + signum)
         self.stop_requested = name
+        self._signalled_at = time.monotonic()
         _say(f"{name}: snapshot at the next step boundary, then exit "
              f"(within {self.grace_seconds:.0f}s; send it again to exit at once)")
         threading.Thread(target=self._watchdog, name="burst-grace", daemon=True).start()
@@ -127,6 +132,7 @@ class Guard:
         time.sleep(self.grace_seconds * 0.8)
         _say("no step boundary within the grace period: saving the newest RAM copy")
         saved = self._persist_shadow(Reason.SIGNAL, budget=self.grace_seconds * 0.2)
+        self._store_environment(self._grace_left())
         self._leave_record(Reason.SIGNAL, Exit.STOPPED, self.run.step,
                            f"{self.stop_requested}: no step boundary within the grace "
                            f"period; {_kept(saved)}")
@@ -162,6 +168,7 @@ class Guard:
         self.run.record_event("failure", kind=Reason.SIGNAL, signal=reason, step=step,
                               action="snapshot at step boundary")
         self._flush(self.grace_seconds)  # the snapshot and the event above
+        self._store_environment(self._grace_left())
         self._leave_record(Reason.SIGNAL, Exit.STOPPED, step,
                            f"{reason}: stopped at the boundary of step {step} with a snapshot")
         _say(f"stopped after step {step}; snapshot saved")
@@ -182,6 +189,9 @@ class Guard:
             code = Exit.OOM if kind == Reason.OOM else Exit.GPU_FAILURE
             self._leave_record(kind, code, self.run.step + 1,
                                f"{_first_line(exc)}; emergency handling failed: {error}")
+        # os._exit skips exit handlers, the freeze's wait among them: wait here, as long
+        # as a normal exit would (no one's grace period is running out)
+        self._store_environment(freeze.EXIT_WAIT_SECONDS)
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(code)
@@ -238,6 +248,23 @@ class Guard:
         step = self.run.persist_shadow(reason)
         self._flush(budget)
         return step
+
+    def _store_environment(self, budget: float) -> None:
+        """Let a freeze still computing or uploading store the run's lockfile and code
+        before the process goes: without them ``burst resume`` refuses the snapshot."""
+        try:
+            stored = freeze.wait_uploads(max(budget, 0.0))
+        except Exception as exc:  # never let the wait itself end the exit in a traceback
+            _say(f"the run's environment could not be stored: {exc}")
+            return
+        if not stored:
+            _say("the run's environment (lockfile and code) was still being frozen at exit; "
+                 "run `burst freeze` from the project before `burst resume`")
+
+    def _grace_left(self) -> float:
+        if self._signalled_at is None:
+            return self.grace_seconds
+        return self.grace_seconds - (time.monotonic() - self._signalled_at)
 
     def _leave_record(self, kind: str, exit_code: int, step: int, detail: str) -> None:
         """The failure record the supervisor reads (the exit code may not reach it intact)."""

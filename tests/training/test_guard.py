@@ -7,14 +7,23 @@ import subprocess
 import sys
 import textwrap
 
+from burst.env import lockfile
 from burst.snapshot import reader
 from burst.snapshot.tensors import load_tensors
 from burst.store import LocalStore
 
 PROGRAM = textwrap.dedent("""
-    import sys, torch
+    import sys, time, torch
     from torch.utils.data import DataLoader, TensorDataset
     import burst
+
+    if len(sys.argv) > 4:  # a loaded machine: the environment freeze takes this long
+        from burst.env import lockfile
+        build = lockfile.build
+        def slow_build(*args, **kwargs):
+            time.sleep(float(sys.argv[4]))
+            return build(*args, **kwargs)
+        lockfile.build = slow_build
 
     torch.manual_seed(0)
     data = TensorDataset(torch.randn(64, 4), torch.randn(64, 1))
@@ -39,15 +48,18 @@ PROGRAM = textwrap.dedent("""
 """)
 
 
-def run_program(tmp_path, fault: str, shadow_every: int = 100, raise_at: int = 0
-                ) -> subprocess.CompletedProcess:
+def run_program(tmp_path, fault: str, shadow_every: int = 100, raise_at: int = 0,
+                freeze_seconds: float | None = None) -> subprocess.CompletedProcess:
+    """``freeze_seconds``: freeze the run's environment (off otherwise), this slowly."""
     tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "train.py"
     script.write_text(PROGRAM)
+    slow = [] if freeze_seconds is None else [str(freeze_seconds)]
     return subprocess.run([sys.executable, str(script), str(tmp_path / "store"),
-                           str(shadow_every), str(raise_at)],
+                           str(shadow_every), str(raise_at), *slow],
                           capture_output=True, text=True, timeout=120, check=False,
-                          env={**os.environ, "BURST_FAULT": fault, "BURST_FREEZE": "0"})
+                          env={**os.environ, "BURST_FAULT": fault,
+                               "BURST_FREEZE": "0" if freeze_seconds is None else "env"})
 
 
 def test_an_oom_inside_the_with_block_snapshots_the_last_boundary_and_exits_86(tmp_path):
@@ -56,6 +68,17 @@ def test_an_oom_inside_the_with_block_snapshots_the_last_boundary_and_exits_86(t
     assert "Traceback" not in done.stderr and "finished" not in done.stdout
     manifest = reader.read_manifest(LocalStore(tmp_path / "store"), "guarded")
     assert manifest["step"] == 2 and manifest["reason"] == "oom"
+
+
+def test_an_oom_before_the_environment_freeze_is_done_still_leaves_the_lockfile(tmp_path):
+    """The README's drill on a loaded machine: the OOM came before the background freeze
+    had stored the lockfile, the process exited at once, and `burst resume` then refused
+    the snapshot it had just been told to resume."""
+    done = run_program(tmp_path, "oom@3:1", freeze_seconds=4.0)
+    assert done.returncode == 86, done.stderr
+    store = LocalStore(tmp_path / "store")
+    assert reader.read_manifest(store, "guarded")["reason"] == "oom"
+    assert store.size(lockfile.latest_key("guarded")), done.stderr
 
 
 def test_the_oom_snapshot_holds_the_batchnorm_statistics_of_the_boundary(tmp_path):
