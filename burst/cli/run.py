@@ -29,6 +29,8 @@ from burst.supervise.coordinator import (
 )
 from burst.supervise.exporter import Exporter
 from burst.supervise.gpuwatch import GpuWatch
+from burst.supervise.scale_policy import ScaleMonitor
+from burst.supervise.scale_policy import parse as parse_scale_out
 from burst.training.faults import parse as parse_faults
 
 
@@ -56,6 +58,10 @@ def supervision_options(fn):
                      show_default=True, help="Memory alert threshold (fraction of the card)."),
         click.option("--memory-sustain", type=click.FloatRange(min=0), default=300.0,
                      show_default=True, help="Seconds above the threshold before alerting."),
+        click.option("--scale-out", default=None, metavar="RULE",
+                     help='Ask for another node when memory stays high, e.g. "memory > 80% '
+                          'for 5m: +1 node, max 4" (also: min N, settle 10m); recorded as '
+                          'scale-request events.'),
         click.option("--gpu-memory-quota", default=None, metavar="SIZE",
                      help="Cap the child's GPU memory (e.g. 40GiB) and share the machine "
                           "with other burst runs: see --priority and burst status --machine."),
@@ -80,13 +86,16 @@ def build_agent(options: dict, fault: str | None = None, json_output: bool = Fal
                     on_killed=options["on_killed"], max_retries=options["max_retries"],
                     backoff=options["backoff"])
     run_id = options["run_id"]
+    scale_rule = options.get("scale_out")
+    policy_out = parse_scale_out(scale_rule) if scale_rule else None  # before anything starts
 
     def record(name: str, /, **fields: Any) -> None:
         events.record(history, run_id, name, source="agent", **fields)
 
     watch = GpuWatch(record, interval=options["gpu_interval"],
                      threshold=options["memory_threshold"],
-                     sustain_s=options["memory_sustain"])
+                     sustain_s=options["memory_sustain"],
+                     scale=None if policy_out is None else ScaleMonitor(policy_out, record))
     launcher = None
     if options.get("burst_to"):
         from burst.cli.resume import agent_launcher

@@ -20,6 +20,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from burst.supervise.scale_policy import SCALE_POLICY_EVENT, ScaleMonitor
+
 XID_CRITICAL = 0x8  # nvmlEventTypeXidCriticalError
 
 
@@ -136,8 +138,10 @@ class GpuWatch:
 
     def __init__(self, record: Callable[..., Any], interval: float = 30.0,
                  threshold: float = 0.80, sustain_s: float = 300.0,
-                 reader: Callable[[], Nvml] = Nvml) -> None:
+                 reader: Callable[[], Nvml] = Nvml, scale: ScaleMonitor | None = None
+                 ) -> None:
         self.record, self.interval = record, interval
+        self.scale = scale  # --scale-out: decided at each reading (burst.supervise.scale_policy)
         self.threshold, self.sustain_s = threshold, sustain_s
         self.alerts: dict[int, MemoryAlert] = {}  # one per GPU: excursions are per card
         self.reader_factory = reader
@@ -149,6 +153,9 @@ class GpuWatch:
         self.available = False
 
     def start(self) -> bool:
+        if self.scale is not None:  # parsed and in force, with or without NVML to feed it
+            self.record(SCALE_POLICY_EVENT, **self.scale.policy.as_dict(),
+                        nodes=self.scale.nodes)
         try:
             self._nvml = self.reader_factory()
         except RuntimeError as exc:
@@ -175,6 +182,8 @@ class GpuWatch:
             if alert:
                 self.record("memory-alert", **alert)
         self.latest = samples
+        if self.scale is not None:
+            self.scale.feed([s.memory_fraction for s in samples], now)
         self.record("gpu-sample", gpus=[asdict(s) for s in samples])
         for xid in self._nvml.xid_events():
             self.xid_counts[xid.get("gpu")] = self.xid_counts.get(xid.get("gpu"), 0) + 1
