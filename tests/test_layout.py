@@ -107,7 +107,9 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("store",),
     ("events",),
     ("snapshot",),
-    ("env", "plan", "inputs"),
+    ("staging",),
+    ("inputs",),
+    ("env", "plan"),
     ("state",),
     ("parallel",),
     ("training",),
@@ -182,14 +184,18 @@ def test_imports_flow_one_way_from_the_leaves_up():
     - the leaves: errors, config, contract, killpoints and redact import nothing of burst
       but errors; events sits just above store, as it appends a run's history through the
       Store protocol.
-    - env, plan and inputs sit just above snapshot, below state: they need only store and
+    - env, plan and inputs sit above snapshot, below state: they need only store and
       snapshot, while a training Run freezes and stages its environment and inputs as it
       trains (env.freeze, env.stager, inputs.part) and its memory control asks the planner
       for the exact micro-batch splits (plan.planner). Nothing of state, parallel, training
       or supervise is imported by them.
-    - inputs shares env's layer: its staged part is one of the environment's parts (env
-      stages it beside the wheelhouse and the code; it paces itself with env's throttle and
-      runs git through env.spawn).
+    - inputs sits below env, not beside it: the run's inputs are one of the parts the
+      environment stages (env.freeze stages them with the code, env.stageparts hands them
+      to the background stager), so env imports inputs; inputs never imports env, or the
+      two would be one tangle that neither can be read or tested without the other.
+    - staging sits below both: what both of them stage with from a training process's
+      thread (the Part protocol with Pending and Throttle, spawn's fork-safe git and pip,
+      where the wheel cache lies, whose reads are never inputs). It needs only store.
     - integrations sits just above training: it adapts foreign loops (Lightning, Accelerate,
       transformers' Trainer) onto a Run and imports only training, state and the leaves;
       nothing in burst imports it.

@@ -20,7 +20,7 @@ from a folder holding earlier runs' stores archives them, archives included, and
 with every run until it hits the cap. ``.burstignore`` (gitignore-like patterns, one a
 line) excludes more.
 
-Every ``git`` call goes through :mod:`burst.env.spawn`, which holds no pipe a concurrent
+Every ``git`` call goes through :mod:`burst.staging.spawn`, which holds no pipe a concurrent
 ``fork`` (a DataLoader worker) could inherit: a capture in a background thread of a
 training process cannot hang.
 
@@ -45,9 +45,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from burst.env import spawn
 from burst.errors import BurstError, ConfigError, SnapshotError
 from burst.redact import holds_private_key, is_secret_path, scrub_text, strip_url
+from burst.staging import spawn
 from burst.store.base import Store
 
 DEFAULT_MAX_BYTES = 64 << 20

@@ -9,7 +9,7 @@ wait runs out (a hung ``git``, a huge tree) is recorded as pending in that manif
 snapshot goes ahead, and later ones name the record once it exists (a resume without one
 in its manifest takes the run's newest frozen lockfile and code, see :func:`load_frozen`).
 The capture runs ``git`` in a background thread while DataLoader workers may ``fork``:
-:mod:`burst.env.spawn` makes that safe (no pipe a forked worker could inherit).
+:mod:`burst.staging.spawn` makes that safe (no pipe a forked worker could inherit).
 
 The work is done once per process for a run (and the lockfile once per process at all),
 so later snapshots pay a dictionary lookup. Only the local work (metadata, git, tar) runs

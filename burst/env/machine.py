@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from burst.env import spawn
+from burst.staging import spawn
 
 
 @dataclass(frozen=True)

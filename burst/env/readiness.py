@@ -24,8 +24,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from burst.env.staging import Pending, total
 from burst.errors import ConfigError
+from burst.staging.parts import Pending, total
 from burst.store.base import Store, check_key
 
 NODE_DOWNLOAD_RATE = 100e6  # bytes/s a node pulls from its region's object store

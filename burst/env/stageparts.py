@@ -1,6 +1,6 @@
 """The parts a node needs that exist today: burst's own wheel, the wheelhouse, the code.
 
-Each is a :class:`burst.env.staging.Part`. What makes staging resumable is the store's
+Each is a :class:`burst.staging.parts.Part`. What makes staging resumable is the store's
 layout, not bookkeeping: every object is content-addressed (``wheels/<sha256>/<file>``,
 ``<run>/code/<sha256>.tar.gz``) and written whole or not at all, so a stager killed
 mid-way and started again asks the store what it lacks and sends exactly that. An index
@@ -25,8 +25,8 @@ from pathlib import Path
 
 from burst.env import codearchive, wheelchoice, wheelhouse
 from burst.env.lockfile import Lockfile
-from burst.env.staging import Part, Pending, Throttle
 from burst.inputs import part as inputs_part
+from burst.staging.parts import Part, Pending, Throttle
 from burst.store.base import Store
 
 RECHECK_SECONDS = 60.0  # how stale a "the wheelhouse is complete in the store" may be

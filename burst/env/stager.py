@@ -28,10 +28,10 @@ from burst import events
 from burst.env import readiness, stageparts, throttle
 from burst.env.lockfile import Lockfile
 from burst.env.readiness import Readiness
-from burst.env.staging import Part, Pending
 from burst.errors import BurstError
 from burst.redact import scrub_text
 from burst.snapshot import priority, traffic
+from burst.staging.parts import Part, Pending
 from burst.store import is_local
 from burst.store.base import Store
 

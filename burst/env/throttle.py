@@ -52,7 +52,7 @@ def parse_rate(text: str) -> tuple[float | None, float | None]:
 
 
 class TokenBucket:
-    """A :class:`burst.env.staging.Throttle`: ``rate()`` bytes/s, none while ``paused()``.
+    """A :class:`burst.staging.parts.Throttle`: ``rate()`` bytes/s, none while ``paused()``.
 
     ``rate`` is asked at each refill, so a share follows the uplink as it is measured;
     ``clock`` and ``sleep`` are injectable so the arithmetic is tested without waiting."""

@@ -1,4 +1,4 @@
-"""The run's inputs as a staged part (:class:`burst.env.staging.Part`), and what the
+"""The run's inputs as a staged part (:class:`burst.staging.parts.Part`), and what the
 training process and ``burst resume`` ask of them.
 
 A training run declares its inputs and starts the recorder when its ``Run`` is made
@@ -29,12 +29,12 @@ import threading
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 
-from burst.env import spawn
-from burst.env.staging import Pending, Throttle
 from burst.errors import ConfigError
 from burst.inputs import chunks, names, recorder, selection
 from burst.inputs.selection import Selection  # in the class body `selection` is a method
 from burst.snapshot import priority
+from burst.staging import spawn
+from burst.staging.parts import Pending, Throttle
 from burst.store.base import Store
 
 Say = Callable[[str], None]

@@ -35,10 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from burst import config as user_config
-from burst.env import wheelhouse
 from burst.errors import ConfigError
 from burst.inputs import hubs, names
 from burst.redact import holds_private_key, is_secret_path
+from burst.staging import wheelcache
 
 URL_SCHEMES = ("s3://", "oss://", "gs://")
 DEFAULT_MAX_BYTES = 50 * 10**9
@@ -157,7 +157,7 @@ def environment_dirs(extra: Iterable[str | os.PathLike[str]] = ()) -> list[str]:
     home = Path.home()
     dirs.update(str(home / d) for d in (".cache/burst", ".cache/pip", ".cache/uv",
                                         ".config", ".nv", ".triton", ".local/lib"))
-    dirs.add(os.fspath(wheelhouse.cache_dir()))  # $BURST_WHEEL_CACHE: the stager reads it
+    dirs.add(os.fspath(wheelcache.cache_dir()))  # $BURST_WHEEL_CACHE: the stager reads it
     dirs.update(os.fspath(p) for p in extra)
     out = {os.path.realpath(d) for d in dirs if d} | {os.path.abspath(d) for d in dirs if d}
     return sorted(out | set(SYSTEM_DIRS))

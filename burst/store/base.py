@@ -20,7 +20,7 @@ _SAFE_SEGMENT = re.compile(r"[A-Za-z0-9._=+@-]+")
 
 
 # Called with a byte count before that many bytes of a file are sent (from any thread): a
-# throttle's ``wait`` (burst.env.staging.Throttle) paces a background upload with it, and
+# throttle's ``wait`` (burst.staging.parts.Throttle) paces a background upload with it, and
 # it may raise to stop the upload, which keeps what landed for the next try.
 Pace = Callable[[int], None]
 

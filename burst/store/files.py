@@ -9,7 +9,7 @@ holds an object of its size is skipped (its key names its content, and every wri
 atomic, so the right size is the right object), and on S3 an upload a failed or killed try
 left open is continued part by part.
 
-A background stager (:mod:`burst.env.staging`) passes its throttle's ``wait`` as ``pace``
+A background stager (:mod:`burst.staging.parts`) passes its throttle's ``wait`` as ``pace``
 and its stop event as ``stop``: once ``stop`` is set no new file starts and every upload in
 flight stops before its next part, keeping what landed for the next call.
 """

@@ -34,7 +34,7 @@ class Sidecar:
 
     def start(self) -> None:
         """Once attached (nothing left to refuse): the threads that upload to the store."""
-        # environment + code, in a thread (fork-safe: burst.env.spawn); snapshots wait boundedly
+        # environment + code, in a thread (fork-safe: burst.staging.spawn); snapshots wait boundedly
         freeze.prefetch(self.store, self.run_id, local=self.local)
         if self._rank == 0 and self.stager is None:  # the rest, throttled behind snapshots
             self.stager = stager.for_run(self.store, self.run_id, self.local, self.live.readiness)

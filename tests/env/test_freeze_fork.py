@@ -18,8 +18,9 @@ import torch
 from torch.utils.data import DataLoader, TensorDataset
 
 import burst
-from burst.env import codearchive, freeze, spawn
+from burst.env import codearchive, freeze
 from burst.snapshot import reader
+from burst.staging import spawn
 from burst.store import LocalStore, MemoryStore
 from tests.helpers.env_helpers import make_repo, write
 

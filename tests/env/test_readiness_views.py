@@ -15,9 +15,9 @@ from click.testing import CliRunner
 
 from burst.cli import main as cli_main
 from burst.env import readiness
-from burst.env.staging import Pending
 from burst.preflight.readiness import readiness_row
 from burst.preflight.table import OK, WARN
+from burst.staging.parts import Pending
 from burst.store.local import LocalStore
 from burst.supervise.exporter import BurstCollector
 from burst.training.metrics import LiveFigures

@@ -34,7 +34,6 @@ here), :mod:`.assemble` (all of them in cost order), :mod:`.index` and :mod:`.tr
 from __future__ import annotations
 
 from burst.env.wheelhouse.assemble import build
-from burst.env.wheelhouse.cache import CACHE_ENV, cache_dir
 from burst.env.wheelhouse.house import (
     BURST_DIST,
     FORMAT,
@@ -68,6 +67,7 @@ from burst.env.wheelhouse.target import (
     target_for,
 )
 from burst.env.wheelhouse.transfer import Uploaded, download, ensure, upload
+from burst.staging.wheelcache import CACHE_ENV, cache_dir
 
 __all__ = [
     "BURST_DIST", "CACHE_ENV", "FORMAT", "INDEX_FILE", "MACHINES", "MACHINE_ENV", "NODE_GLIBC",

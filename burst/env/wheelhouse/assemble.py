@@ -20,6 +20,7 @@ from burst.env.wheelhouse.pins import Pin, plan
 from burst.env.wheelhouse.repack import repack_installed
 from burst.env.wheelhouse.source import build_one
 from burst.env.wheelhouse.target import Target
+from burst.staging.wheelcache import cache_dir
 
 
 def build(lock: Lockfile, target: Target, *, cache: Path | None = None,
@@ -35,7 +36,7 @@ def build(lock: Lockfile, target: Target, *, cache: Path | None = None,
     house = Wheelhouse(target)
     if target.policy == "none":
         return house
-    root = (cache or wheelcache.cache_dir()).expanduser()
+    root = (cache or cache_dir()).expanduser()
     (root / "files").mkdir(parents=True, exist_ok=True)
     pins, house.missing = plan(lock, target)
     found, extra, todo = _from_cache(pins, root, target)

@@ -1,4 +1,4 @@
-"""The wheel cache on this machine (``~/.cache/burst/wheels``, ``$BURST_WHEEL_CACHE``).
+"""The wheel cache on this machine (where it lies: :mod:`burst.staging.wheelcache`).
 
 Freezing again must download nothing: a torch build with its CUDA libraries is 3-4 GB.
 Downloads lie in ``files/``; a wheel that came with its dependencies (a new torch build)
@@ -8,18 +8,10 @@ has a listing of them in ``deps/`` and counts as cached only with all of them.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 from burst.env.wheelhouse.house import parse_name, same_version
 from burst.env.wheelhouse.pins import Pin
-
-CACHE_ENV = "BURST_WHEEL_CACHE"
-
-
-def cache_dir() -> Path:
-    """Where downloaded and built wheels are kept between freezes."""
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "burst" / "wheels")
 
 
 def cached(files: Path, pin: Pin, accepted: frozenset) -> Path | None:

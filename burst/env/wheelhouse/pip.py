@@ -1,7 +1,7 @@
 """Running pip (or uv) for the wheelhouse, and reading why it failed.
 
 The wheelhouse is built in the freeze thread of a training process whose DataLoader may
-fork at any moment, so its helper programs run through :mod:`burst.env.spawn` (a
+fork at any moment, so its helper programs run through :mod:`burst.staging.spawn` (a
 ``subprocess`` pipe inherited by a forked worker would hang that thread for good), and
 their end is read as text with a timeout counted as a failure.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from burst.env import spawn
+from burst.staging import spawn
 
 # pip downloads torch with its CUDA libraries (3-4 GB) on a slow link: generous, not endless
 PIP_TIMEOUT = 3 * 3600.0
@@ -27,7 +27,7 @@ class Ran:
 
 
 def run(argv: list[str], *, timeout: float, env: dict[str, str] | None = None) -> Ran:
-    """Run pip (or uv) through :mod:`burst.env.spawn`: never a pipe a forked worker keeps."""
+    """Run pip (or uv) through :mod:`burst.staging.spawn`: never a pipe a forked worker keeps."""
     done = spawn.run(argv, timeout=timeout, env=env)
     stderr = done.stderr.decode(errors="replace")
     if done.returncode is None:

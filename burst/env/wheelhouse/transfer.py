@@ -56,7 +56,7 @@ def upload(store: Store, run_id: str, digest: str, house: Wheelhouse, *,
     The wheels go up several at once, each from its file on disk (multipart and parallel
     on S3/OSS: :func:`burst.store.files.upload_files`), resumably: a wheel already in the
     store is skipped, and an S3 upload a failed or killed push left open is continued.
-    For the background stager (burst.env.staging): pass its throttle's ``wait`` as
+    For the background stager (burst.staging.parts): pass its throttle's ``wait`` as
     ``pace`` and its stop event as ``stop``; a stopped upload writes no index and says
     ``stopped``, and the next call sends only what is still missing. Each store call is
     retried on a transient fault through ``policy``."""
