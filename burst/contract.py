@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from enum import Enum, IntEnum
+from typing import TypeGuard
 
 
 class Reason(str, Enum):
@@ -209,3 +210,79 @@ def parse_sizes(raw: str) -> tuple[int, ...]:
 def _sizes(environ: Mapping[str, str]) -> tuple[int, ...] | None:
     raw = environ.get(ENV_PROBE_MICRO_BATCHES)
     return None if raw is None else parse_sizes(raw)
+
+
+# -- goodput: what a change of a run's membership cost ----------------------------------------
+
+MEMBERSHIP_EVENT = "membership-change"
+
+
+class StateSource(str, Enum):
+    """Where the ranks after a membership change got the training state from."""
+
+    RAM = "ram"  # the surviving ranks' own host-RAM shadows
+    PEER = "peer"  # copies of a lost node's shards held in its neighbours' RAM
+    STORE = "store"  # a persisted snapshot (the local tier or the object store)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+
+@dataclass(frozen=True)
+class MembershipChange:
+    """One change of the set of processes training a run (a restart from a snapshot after
+    a failure today; an elastic shrink or grow later), as the ``membership-change`` event
+    records it for ``burst report`` and the metrics exporter.
+
+    ``steps_lost``: optimizer steps completed after the restored state that the run's
+    history knows of (a SIGKILL takes its unsaved records with it: a lower bound), None
+    when nothing says. ``seconds_to_step``: from the loss (the failure's or the exit's
+    event) to the first optimizer step after the change, None when the loss left no
+    trace. The world sizes count ranks; ``world_before`` is None when unknown."""
+
+    step: int  # the step the state was restored at
+    state_from: StateSource
+    world_after: int
+    world_before: int | None = None
+    steps_lost: int | None = None
+    seconds_to_step: float | None = None
+    cause: str | None = None  # the failure's kind, e.g. "oom", "killed"
+
+    def to_event(self) -> dict[str, object]:
+        """The event's fields (the enum as its string)."""
+        return {f.name: (str(v) if isinstance(v := getattr(self, f.name), Enum) else v)
+                for f in fields(self)}
+
+    @classmethod
+    def from_event(cls, event: Mapping[str, object]) -> MembershipChange | None:
+        """The record an event holds, or None when a field is missing or mistyped (a
+        history is anyone's to damage; a reader skips such a line)."""
+        step, world_after = event.get("step"), event.get("world_after")
+        world_before, steps_lost = event.get("world_before"), event.get("steps_lost")
+        seconds, cause = event.get("seconds_to_step"), event.get("cause")
+        if not (_whole(step) and _whole(world_after) and _whole_or_none(world_before)
+                and _whole_or_none(steps_lost) and _seconds_or_none(seconds)):
+            return None
+        try:
+            state_from = StateSource(event.get("state_from"))
+        except ValueError:
+            return None
+        return cls(step=step, state_from=state_from, world_after=world_after,
+                   world_before=world_before, steps_lost=steps_lost,
+                   seconds_to_step=None if seconds is None else float(seconds),
+                   cause=cause if isinstance(cause, str) else None)
+
+
+def _whole(value: object) -> TypeGuard[int]:
+    return type(value) is int and value >= 0
+
+
+def _whole_or_none(value: object) -> TypeGuard[int | None]:
+    return value is None or _whole(value)
+
+
+def _seconds_or_none(value: object) -> TypeGuard[float | None]:
+    if value is None:
+        return True
+    return isinstance(value, int | float) and not isinstance(value, bool) \
+        and 0 <= value < float("inf")

@@ -48,6 +48,18 @@ def report(run_id: str, store_url: str, local_url: str, out_dir: Path | None,
     from burst.cli.console import shown
 
     click.echo(shown(f"wrote {written.html} ({facts})"))
+    if written.membership:
+        from burst.report.tables import MEMBERSHIP_COLUMNS, membership_rows
+
+        rows = [list(MEMBERSHIP_COLUMNS), *membership_rows(written.membership)]
+        click.echo(_columns([[shown(cell) for cell in row] for row in rows]))
+
+
+def _columns(rows: list[list[str]]) -> str:
+    """Rows as left-aligned columns (the first row is the header)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+                     for row in rows)
 
 
 def _holds(store: Store, run_id: str) -> bool:

@@ -8,10 +8,11 @@ on another machine, for a run that is still going.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from burst.contract import MembershipChange
 from burst.report import charts, page
 from burst.report.timeline import Timeline, load
 from burst.store.base import Store
@@ -25,9 +26,12 @@ class Report:
     charts: dict[str, Path]
     summary: dict[str, Any]
 
+    membership: list[MembershipChange] = field(default_factory=list)
+
     def as_dict(self) -> dict[str, Any]:
         return {"html": str(self.html), "charts": {k: str(v) for k, v in self.charts.items()},
-                "summary": self.summary}
+                "summary": self.summary,
+                "membership": [change.to_event() for change in self.membership]}
 
 
 def write_report(store: Store, run_id: str, out_dir: str | Path, *more: Store,
@@ -40,7 +44,7 @@ def write_report(store: Store, run_id: str, out_dir: str | Path, *more: Store,
     summary = summarize(timeline)
     html = out / "index.html"
     html.write_text(page.render(timeline, drawn, summary), encoding="utf-8")
-    return Report(html, drawn, summary)
+    return Report(html, drawn, summary, timeline.membership)
 
 
 def summarize(timeline: Timeline) -> dict[str, Any]:
@@ -54,6 +58,10 @@ def summarize(timeline: Timeline) -> dict[str, Any]:
         "failures": timeline.count("failure"),
         "resumes": timeline.count("resume"),
         "memory alerts": timeline.count("memory-alert"),
+        "membership changes": len(timeline.membership),
+        "steps lost": sum(c.steps_lost or 0 for c in timeline.membership),
+        "seconds to train again": round(sum(c.seconds_to_step or 0.0
+                                            for c in timeline.membership), 3),
         "last loss": round(losses[-1], 6) if losses else None,
         "median samples/s": round(sorted(rates)[len(rates) // 2], 1) if rates else None,
     }

@@ -10,6 +10,7 @@ from html import escape
 from pathlib import Path
 from typing import Any
 
+from burst.report.tables import MEMBERSHIP_COLUMNS, membership_rows
 from burst.report.timeline import Timeline
 
 CSS = """body{font-family:system-ui,sans-serif;margin:2em auto;max-width:960px;color:#212121}
@@ -28,6 +29,7 @@ def render(timeline: Timeline, charts: dict[str, Path], summary: dict[str, Any])
              "<h2>GPU memory</h2>", _img(charts["memory"], "GPU memory with alert threshold"),
              "<h2>Where the run went</h2>", _places(timeline),
              "<h2>Snapshots</h2>", _snapshots(timeline),
+             "<h2>Membership changes</h2>", _membership(timeline),
              "<h2>History</h2>", _history(timeline), "</body></html>"]
     return "\n".join(parts)
 
@@ -49,6 +51,12 @@ def _snapshots(timeline: Timeline) -> str:
         return "<p>no complete snapshot in the store</p>"
     keys = ["step", "reason", "time", "card", "micro", "accumulation"]
     return _table(keys, [[s.get(k, "") for k in keys] for s in timeline.snapshots])
+
+
+def _membership(timeline: Timeline) -> str:
+    if not timeline.membership:
+        return "<p>none: the run never restarted</p>"
+    return _table(list(MEMBERSHIP_COLUMNS), membership_rows(timeline.membership))
 
 
 def _history(timeline: Timeline) -> str:

@@ -12,13 +12,14 @@ from datetime import datetime
 from typing import Any
 
 from burst import events
+from burst.contract import MEMBERSHIP_EVENT, MembershipChange
 from burst.snapshot import reader
 from burst.store.base import Store
 from burst.training.metrics import EVENT as METRICS_EVENT
 
 GIB = 1024**3
 MARKED = ("start", "resume", "snapshot", "failure", "policy", "child-start", "child-exit",
-          "launch", "memory-alert", "finish")
+          "launch", "memory-alert", "finish", MEMBERSHIP_EVENT)
 
 
 @dataclass
@@ -43,6 +44,7 @@ class Timeline:
     places: list[dict[str, Any]] = field(default_factory=list)
     snapshots: list[dict[str, Any]] = field(default_factory=list)
     final_step: int | None = None
+    membership: list[MembershipChange] = field(default_factory=list)  # what each change cost
 
     def count(self, kind: str) -> int:
         return sum(1 for m in self.markers if m.kind == kind)
@@ -88,6 +90,8 @@ def _add(timeline: Timeline, event: dict, t: float, origin: float) -> None:
         timeline.threshold = float(event["threshold"])
     if name == "finish":
         timeline.final_step = event.get("step")
+    if name == MEMBERSHIP_EVENT and (change := MembershipChange.from_event(event)) is not None:
+        timeline.membership.append(change)
     if name in ("start", "resume", "launch"):
         timeline.places.append({"t": t, "how": name, **_place(event)})
     if name in MARKED:
@@ -113,6 +117,10 @@ def _label(event: dict) -> str:
         return f"policy: {event.get('action')} after {event.get('kind')}"
     if name == "child-exit":
         return f"attempt {event.get('attempt')} exited: {event.get('kind')}"
+    if name == MEMBERSHIP_EVENT:
+        return (f"back at step {event.get('step')} from the {event.get('state_from')}: "
+                f"{event.get('steps_lost')} step(s) lost, training again after "
+                f"{event.get('seconds_to_step')}s")
     if name == "memory-alert":
         return f"memory above {event.get('threshold', 0):.0%} on GPU {event.get('gpu')}"
     return name

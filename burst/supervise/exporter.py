@@ -29,8 +29,9 @@ from prometheus_client import start_http_server
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from burst.contract import Reason
+from burst.contract import Reason, StateSource
 from burst.supervise.agent import Agent
+from burst.supervise.goodput import MembershipFeed
 from burst.supervise.gpuwatch import GpuWatch
 from burst.training.metrics import FIGURES_ENV, FIGURES_FILE
 
@@ -79,6 +80,12 @@ FIGURES_AGE = "burst_figures_age_seconds"
 FAILURES = "burst_failures"
 RESTARTS = "burst_restarts"
 PAUSES = "burst_pauses"
+# goodput: what the run's membership changes cost (burst.contract.MembershipChange)
+CHANGES = "burst_membership_changes"
+STEPS_LOST = "burst_membership_steps_lost"
+SECONDS_LOST = "burst_membership_seconds_to_step"
+LAST_SECONDS = "burst_membership_last_seconds_to_step"
+WORLD_SIZE = "burst_world_size"
 ENDED_WELL = ("ok", Reason.SIGNAL)  # the rest are failures (a pause is neither)
 
 
@@ -90,6 +97,7 @@ class BurstCollector(Collector):
                  agent: Agent | None = None) -> None:
         self.run_id, self.figures_dir = run_id, Path(figures_dir)
         self.watch, self.agent = watch, agent
+        self.membership = None if agent is None else MembershipFeed(agent.store, run_id)
 
     def describe(self) -> Iterator[Metric]:
         """Every family the exporter can export (empty): what the registry knows by name."""
@@ -100,6 +108,7 @@ class BurstCollector(Collector):
         self._add_gpus(families)
         self._add_run(families, self.figures())
         self._add_attempts(families)
+        self._add_membership(families)
         yield from (family for family in families.values() if family.samples)
 
     def figures(self) -> dict[str, Any]:
@@ -131,6 +140,20 @@ class BurstCollector(Collector):
                                                  "training process again", labels=["run_id"])
         families[PAUSES] = CounterMetricFamily(PAUSES, "Attempts that paused for a "
                                                "higher-priority run", labels=["run_id"])
+        families[CHANGES] = CounterMetricFamily(
+            CHANGES, "Changes of the run's membership (restarts, shrinks, grows), by where "
+            "the state came from", labels=["run_id", "state_from"])
+        families[STEPS_LOST] = CounterMetricFamily(
+            STEPS_LOST, "Optimizer steps thrown away by membership changes (known to the "
+            "history: a lower bound)", labels=["run_id"])
+        families[SECONDS_LOST] = CounterMetricFamily(
+            SECONDS_LOST, "Seconds from each loss to the next optimizer step, summed",
+            labels=["run_id"])
+        families[LAST_SECONDS] = GaugeMetricFamily(
+            LAST_SECONDS, "Seconds from the latest loss to the next optimizer step",
+            labels=["run_id"])
+        families[WORLD_SIZE] = GaugeMetricFamily(
+            WORLD_SIZE, "Ranks training after the latest membership change", labels=["run_id"])
         return families
 
     def _add_gpus(self, families: dict[str, Family]) -> None:
@@ -169,6 +192,22 @@ class BurstCollector(Collector):
         families[PAUSES].add_metric([self.run_id], pauses)
         if self.agent.share is not None:
             families["burst_quota_bytes"].add_metric([self.run_id], self.agent.share.quota)
+
+
+    def _add_membership(self, families: dict[str, Family]) -> None:
+        if self.membership is None:
+            return
+        changes = self.membership.changes()
+        labels = [self.run_id]
+        for source in StateSource:  # every source, zero included: a rate needs the series
+            count = sum(1 for c in changes if c.state_from is source)
+            families[CHANGES].add_metric([self.run_id, str(source)], count)
+        families[STEPS_LOST].add_metric(labels, sum(c.steps_lost or 0 for c in changes))
+        families[SECONDS_LOST].add_metric(labels, sum(c.seconds_to_step or 0.0
+                                                      for c in changes))
+        if changes:
+            _add(families[LAST_SECONDS], labels, changes[-1].seconds_to_step)
+            families[WORLD_SIZE].add_metric(labels, changes[-1].world_after)
 
 
 def _add(family: Family, labels: list[str], value: Any, scale: float = 1) -> None:

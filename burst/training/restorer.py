@@ -22,7 +22,7 @@ from burst.snapshot.tensors import load_tensors
 from burst.snapshot.upload import UploadQueue
 from burst.state import capture as state_mod
 from burst.store import Store
-from burst.training import fencing
+from burst.training import fencing, membership
 from burst.training.layout import Layout
 
 SKIPPED_EVENT = "snapshot-skipped"
@@ -44,6 +44,8 @@ class Restorer:
         # first step or snapshot of a loop without a sampler): a refused resume never
         # enters the run's history
         self.pending_resume: dict[str, Any] | None = None
+        self._announced = False
+        self.first_step: membership.FirstStep | None = None  # records the restore's cost
 
     def choose(self) -> dict | None:
         """The manifest to restore: rank 0 chooses, every rank reads that one."""
@@ -126,13 +128,29 @@ class Restorer:
                          f"accumulation {batch.get('accumulation')} -> {layout.accumulation}")
         if saved_amp != amp:
             notes.append(f"precision {saved_amp or 'fp32'} -> {amp or 'fp32'}")
+        self._watch_first_step(components, manifest)
         return manifest, saved, notes
+
+    def _watch_first_step(self, components: state_mod.Components, manifest: dict) -> None:
+        """The restore is a change of the run's membership: its cost is recorded at the
+        first optimizer step (rank 0 tells it; a loop without an optimizer has no step)."""
+        if not self._group.is_writer or components.optimizer is None:
+            return
+        if self.first_step is not None:
+            self.first_step.cancel()
+        self.first_step = membership.FirstStep(
+            components.optimizer, membership.last_loss(membership.history(
+                self.run_id, self.local, self.store)),
+            step=manifest["step"], world_after=self._group.world_size,
+            world_saved=manifest.get("batch", {}).get("world_size"),
+            announced=lambda: self._announced, record=self._record)
 
     def announce(self) -> None:
         """Record the restore as a ``resume`` event, once."""
         pending, self.pending_resume = self.pending_resume, None
         if pending is not None:
             self._record(RESUME_EVENT, **pending)
+            self._announced = True
 
     def skipped(self, message: str) -> None:
         """A snapshot passed over: said loudly, and kept in the run's history."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import json
 import struct
+from datetime import datetime
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -113,3 +114,39 @@ def test_run_log_batches_metric_points_into_few_events(story):
 def test_report_help_has_an_example():
     result = CliRunner().invoke(main, ["report", "--help"])
     assert result.exit_code == 0 and "Example:" in result.output
+
+
+def test_the_resume_after_the_failure_is_a_membership_change_from_the_store(story):
+    changes = [e for e in events.read(LocalStore(story), "story")
+               if e["event"] == "membership-change"]
+    assert len(changes) == 1
+    change = changes[0]
+    # the OOM in step 6 persisted the boundary after step 5: nothing trained was lost
+    assert (change["step"], change["steps_lost"], change["state_from"], change["cause"]) \
+        == (5, 0, "store", "oom")
+    assert (change["world_before"], change["world_after"]) == (1, 1)
+    failure = next(e for e in events.read(LocalStore(story), "story") if e["event"] == "failure")
+    elapsed = (datetime.fromisoformat(change["time"])
+               - datetime.fromisoformat(failure["time"])).total_seconds()
+    # from the failure to the first optimizer step after the resume, which recorded it
+    assert 0 < change["seconds_to_step"] <= elapsed + 0.001
+
+
+def test_report_json_and_table_show_the_membership_change(story, tmp_path):
+    out = tmp_path / "report"
+    as_json = CliRunner().invoke(main, ["report", "story", "--store", str(story), "--out",
+                                        str(out), "--json"])
+    assert as_json.exit_code == 0, as_json.output
+    written = json.loads(as_json.output)
+    assert [(c["step"], c["state_from"], c["steps_lost"]) for c in written["membership"]] \
+        == [(5, "store", 0)]
+    assert written["summary"]["membership changes"] == 1
+    table = CliRunner().invoke(main, ["report", "story", "--store", str(story), "--out",
+                                      str(out)])
+    assert table.exit_code == 0, table.output
+    header, row = table.output.splitlines()[1:3]
+    assert header.split()[:3] == ["step", "state", "from"]
+    assert row.split()[:5] == ["5", "store", "1", "->", "1"] and row.split()[-1] == "oom"
+    page = Tags()
+    page.feed((out / "index.html").read_text())
+    assert "Membership changes" in " ".join(page.text)

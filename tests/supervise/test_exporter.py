@@ -5,6 +5,7 @@ a real supervised CPU run on loopback."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import signal
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from burst.contract import ENV_FAULT
 from burst.supervise.exporter import BurstCollector, metric_names
 from burst.supervise.gpuwatch import GpuSample, GpuWatch
 from burst.training.metrics import LiveFigures
@@ -230,3 +232,58 @@ def test_failures_by_kind_and_restarts_come_from_the_agents_attempts(tmp_path):
     assert found[("burst_restarts_total", None)] == 1
     assert found[("burst_pauses_total", None)] == 0
     assert ("burst_quota_bytes", None) not in found  # no --gpu-memory-quota
+
+
+@pytest.mark.e2e
+def test_prometheus_scrapes_the_cost_of_a_restart_from_the_store(tmp_path):
+    metrics_port = free_port()
+    prometheus, port = start_prometheus(tmp_path, metrics_port)
+    run = None
+    try:
+        wait_for(lambda: query(port, "vector(1)"), prometheus)
+        run = subprocess.Popen(
+            [sys.executable, "-m", "burst.cli", "run", "--run-id", "restarted", "--store",
+             str(tmp_path / "store"), "--metrics-port", str(metrics_port), "--on-killed",
+             "restart", "--", sys.executable, str(EXAMPLE), "--samples", "64", "--epochs",
+             "100000", "--persist-every", "2", "--micro-batch", "4"],
+            env={**os.environ, ENV_FAULT: "kill@5"},  # SIGKILL in step 5, once per run
+            stdout=subprocess.DEVNULL, stderr=(tmp_path / "run.log").open("w"))
+        changes = wait_for(lambda: query(port, 'burst_membership_changes_total'
+                                               '{state_from="store"} > 0'), run)
+        series = {name: query(port, name) for name in (
+            "burst_membership_changes_total", "burst_membership_seconds_to_step_total",
+            "burst_world_size")}
+    finally:
+        if run is not None and run.poll() is None:
+            run.send_signal(signal.SIGTERM)
+            run.wait(timeout=60)
+        prometheus.terminate()
+        prometheus.wait(timeout=30)
+    assert float(changes[0]["value"][1]) == 1
+    assert changes[0]["metric"]["run_id"] == "restarted"
+    by_source = {s["metric"]["state_from"]: float(s["value"][1])
+                 for s in series["burst_membership_changes_total"]}
+    assert by_source == {"ram": 0, "peer": 0, "store": 1}
+    assert float(series["burst_membership_seconds_to_step_total"][0]["value"][1]) > 0
+    assert float(series["burst_world_size"][0]["value"][1]) == 1
+
+
+def test_the_membership_feed_reads_only_whole_new_lines(tmp_path):
+    from burst import events
+    from burst.contract import MembershipChange, StateSource
+    from burst.store import LocalStore
+    from burst.supervise.goodput import MembershipFeed
+
+    store = LocalStore(tmp_path / "store")
+    feed = MembershipFeed(store, "r")
+    assert feed.changes() == []
+    change = MembershipChange(step=4, state_from=StateSource.STORE, world_after=2,
+                              world_before=3, steps_lost=1, seconds_to_step=2.5, cause="killed")
+    events.append(store, "r", "membership-change", **change.to_event())
+    line = json.dumps({"time": "2026-01-01T00:00:00+00:00", "event": "membership-change",
+                       **change.to_event()})
+    store.append(events.key("r"), line[:40].encode())  # a write still under way
+    assert feed.changes() == [change]
+    store.append(events.key("r"), (line[40:] + "\n").encode())
+    store.append(events.key("r"), b'{"event": "membership-change", "step": "four"}\n')
+    assert feed.changes() == [change, change]
