@@ -170,8 +170,9 @@ def test_sftp_is_fsspecs_own_backend_even_with_sshfs_installed(sshd):
 
     store = open_store(sshd.url(), ssh_config=str(sshd.config))
     store.put("run/x", b"1")
-    assert isinstance(store._local.fs, SFTPFileSystem)
-    assert "sshfs" not in type(store._local.fs).__module__
+    connection = store.sessions.filesystem()
+    assert isinstance(connection, SFTPFileSystem)
+    assert "sshfs" not in type(connection).__module__
 
 
 def test_sftp_reads_host_user_port_and_key_from_the_users_ssh_config(sshd, tmp_path,
