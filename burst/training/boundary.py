@@ -3,7 +3,7 @@
 An OOM mid-step must still yield the exact state of the last step boundary, and the
 forward pass moves two things a snapshot holds before ``optimizer.step()`` changes
 anything else: the random generators and the model's buffers (BatchNorm statistics).
-``BoundaryCopies.mark`` copies both at each boundary; ``Run.save_boundary`` captures the
+``BoundaryCopies.mark`` copies both at each boundary; ``Rescue.save_boundary`` captures the
 live state with these in their place.
 
 Every step pays for this, so it only copies: the generators' states as their libraries
@@ -55,7 +55,7 @@ class BoundaryCopies:
         """Copy the boundary state, when a rewind can be ``needed``: only a CUDA
         out-of-memory error or GPU failure rewinds, and a process that has not initialised
         CUDA can raise neither (but in a drill). It then marks nothing (a quarter of
-        burst's per-step cost on a small CPU model), and ``Run.save_boundary`` falls back
+        burst's per-step cost on a small CPU model), and ``Rescue.save_boundary`` falls back
         on the RAM shadow should CUDA start mid-step."""
         if not needed:
             self.rng_state = None

@@ -8,8 +8,8 @@ leave a snapshot that ``burst resume`` refuses for want of a lockfile), leave a 
 record, and exit with a code that says what happened (``burst.training.failure``) so the
 supervisor can pick a policy.
 
-The guard sees a run only through ``GuardedRun``, the few things it must ask of one, so
-it does not depend on ``burst.training.run`` (which depends on it).
+The guard sees a run only through ``GuardedRun``, the few things it must ask of one
+(``burst.training.rescue`` provides them), so it depends on neither the run nor its parts.
 
 Recovery runs outside any ``except`` block: a CUDA OOM's traceback holds the frames,
 and with them the tensors, of the step that failed; clearing those frames first is what
@@ -41,8 +41,8 @@ _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class GuardedRun(Protocol):
-    """What the guard needs from a run (``burst.Run`` provides it): where it stands, and
-    the three ways to keep state that a failure leaves trustworthy."""
+    """What the guard needs from a run (a run's ``Rescue`` provides it): where it stands,
+    and the three ways to keep state that a failure leaves trustworthy."""
 
     rank: int
     step: int  # optimizer steps completed

@@ -13,6 +13,7 @@ sees the same samples on any card.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, replace
@@ -68,6 +69,13 @@ class Layout:
         """What events and manifests record as the batch layout."""
         return {"global": self.global_batch, "micro": self.micro_batch,
                 "accumulation": self.accumulation, "world_size": self.world_size}
+
+    def epoch_steps(self, epoch_length: int, loader_drops_last: bool) -> int:
+        """Optimizer steps in an epoch of ``epoch_length`` samples (a loader's dropped
+        last batch is not one)."""
+        if loader_drops_last:
+            epoch_length = epoch_length // self.planned_micro * self.planned_micro
+        return math.ceil(epoch_length / self.global_batch)
 
     def step_sizes(self, remaining: int, loader_drops_last: bool) -> Iterator[tuple[int, int]]:
         """(samples on all ranks, this rank's share) of each step left in the epoch."""

@@ -14,6 +14,7 @@ the failure guard asks whether the optimizer is halfway through its update
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -90,6 +91,12 @@ class Progress:
 
     def end_step(self) -> None:
         self.phase = StepPhase.BETWEEN
+
+    def follow(self, optimizer: Any) -> tuple[Callable[[], None], ...]:
+        """Learn the phase from ``optimizer.step()``'s hooks; returns their removers (a
+        refused attach undoes them)."""
+        return (optimizer.register_step_pre_hook(lambda *_: self.optimizer_started()).remove,
+                optimizer.register_step_post_hook(lambda *_: self.optimizer_done()).remove)
 
     def optimizer_started(self) -> None:
         self.optimizing = True

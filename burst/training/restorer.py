@@ -3,8 +3,9 @@ into the local tier, and put its state back into the live objects.
 
 Split from the save side (``burst.training.snapshotter``) as DCP splits its loader from its
 saver: restoring happens once, at attach, and decides things saving never does (which
-snapshot counts after a fence, a damaged blob, a newer copy in the store). What the run
-does with the result (its counters, ``extra``, the sampler check) stays with the run.
+snapshot counts after a fence, a damaged blob, a newer copy in the store). ``resume`` puts
+the result where the run keeps it: the counters in its ``Progress``, the objects, ``extra``
+and the sampler's place in its ``Subject``.
 """
 
 from __future__ import annotations
@@ -22,8 +23,12 @@ from burst.snapshot.tensors import load_tensors
 from burst.snapshot.upload import UploadQueue
 from burst.state import capture as state_mod
 from burst.store import Store
+from burst.training import command as launch
 from burst.training import fencing, membership
 from burst.training.layout import Layout
+from burst.training.progress import Progress
+from burst.training.sampler import ResumableSampler
+from burst.training.subject import Subject
 
 SKIPPED_EVENT = "snapshot-skipped"
 RESUME_EVENT = "resume"
@@ -98,6 +103,23 @@ class Restorer:
                 if not local_steps:
                     raise
                 self.skipped(f"{exc}; using the local tier's snapshots")
+
+    def resume(self, manifest: dict, subject: Subject, progress: Progress, seed: int,
+               sampler: ResumableSampler | None) -> state_mod.RestoreReport:
+        """Continue ``subject`` from ``manifest``: checked first (the global batch, and
+        with ``sampler`` the data), then loaded; the ``resume`` event waits for
+        :meth:`announce`, so a resume refused later is never in the run's history."""
+        subject.plan.check_snapshot(manifest, sampler)  # before any state changes or event
+        manifest, saved, notes = self.load(manifest, subject.components, subject.precision(),
+                                           seed, subject.plan)
+        progress.restore(manifest["counters"])
+        subject.restored(saved, manifest)
+        report = state_mod.RestoreReport(progress.step, progress.epoch,
+                                         progress.samples_consumed,
+                                         manifest.get("reason", "unknown"), notes)
+        self.pending_resume = {"step": report.step, "notes": notes, **subject.layout(),
+                               **launch.fields()}
+        return report
 
     def load(self, manifest: dict, components: state_mod.Components, amp: str | None,
              seed: int, layout: Layout) -> tuple[dict, dict[str, Any], list[str]]:

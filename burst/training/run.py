@@ -25,7 +25,6 @@ changes, so each optimizer step sees exactly the same samples.
 from __future__ import annotations
 
 import contextlib
-import math
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -34,18 +33,15 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader
 
-from burst import events
 from burst.contract import ENV_RUN_ID, Reason
 from burst.env import freeze
-from burst.errors import ConfigError, SnapshotError, StoreError
+from burst.errors import ConfigError, SnapshotError
 from burst.inputs import part as inputs_part
-from burst.parallel import state as dist_state
 from burst.parallel.group import Group, unwrap
 from burst.snapshot import lineage
 from burst.snapshot.upload import UploadQueue
 from burst.state import capture as state_mod
 from burst.state.amp import parse_amp
-from burst.state.carry import LoopState
 from burst.state.rng import derive_seed
 from burst.store import Store, default_local_url, is_local, open_store
 from burst.store.base import SHARED_PREFIXES, check_key
@@ -58,7 +54,6 @@ from burst.training import (
     fencing,
     memory_control,
     outage,
-    precision,
     preemption,
 )
 from burst.training import command as launch
@@ -66,82 +61,55 @@ from burst.training import quota as memory_quota
 from burst.training.boundary import BoundaryCopies
 from burst.training.forward import Forward
 from burst.training.guard import DEFAULT_GRACE_SECONDS, Guard
-from burst.training.layout import Layout, planned_amp, positive
+from burst.training.history import History
+from burst.training.layout import Layout, planned_amp
 from burst.training.memory import MemoryManager
 from burst.training.progress import Progress
+from burst.training.rescue import Rescue
 from burst.training.restorer import Restorer
 from burst.training.sampler import ResumableSampler
 from burst.training.sidecar import Sidecar
-from burst.training.snapshotter import (
-    Snapshotter,
-    interval_policy,
-    manifest_fields,
-    seconds_from_env,
-)
+from burst.training.snapshotter import Snapshotter, interval_policy
 from burst.training.step import Step, hand_out
-from burst.training.trackers import STATE_KEY as TRACKERS_KEY
+from burst.training.subject import Subject
 from burst.training.trackers import Trackers
-
-# the persist interval of a run whose code leaves it to burst: an operator or a drill sets
-# the cadence without editing the script (a value the code gives always wins)
-ENV_PERSIST_SECONDS = "BURST_PERSIST_SECONDS"
 
 
 class Run:
     """One training run: its identity, its batch layout, its snapshots.
 
     A façade: each job is a part's, and the run wires them to the loop. ``progress``
-    (steps, epochs, samples, the step's phase), ``plan`` (the batch ``Layout``), the
-    snapshotter (cadence, votes, capture, upload), the restorer (choose, pull, load), the
-    boundary copies an OOM rewinds to, the memory re-plan, and the sidecar (metrics, live
-    figures, pre-staging); ``run.step``, ``run.micro_batch`` and the like read the part.
+    (steps, epochs, samples, the step's phase), ``subject`` (the objects it trains, their
+    batch ``Layout`` as ``plan`` and precision), the snapshotter (cadence, votes, capture,
+    upload), the restorer (choose, pull, load), the boundary copies an OOM rewinds to,
+    the memory re-plan, the sidecar (metrics, live figures, pre-staging), and ``rescue``,
+    which the failure guard talks to (``guard.GuardedRun``: the boundary state, the RAM
+    shadow, the flush). ``run.step``, ``run.micro_batch`` and the like read the part.
 
     ``attach``, ``epochs``, ``steps``, ``snapshot``, ``log`` and ``close`` are all a plain
-    loop needs; a loop without a DataLoader uses ``batches`` instead of ``steps`` (burst
-    calls its batch function), and ``attach(carry=...)`` holds what a loop carries from
-    step to step (``burst.training.batches``, ``burst.state.carry``). A random draw
-    between two steps is warned about once. A loop that burst does not own (Lightning's, Accelerate's: see
-    ``burst.integrations``) hands out the micro-batches itself and drives the run
-    through these hooks instead of ``steps``, in this order for each optimizer step:
+    loop needs; a loop without a DataLoader uses ``batches`` (burst calls its batch
+    function), and ``attach(carry=...)`` holds what a loop carries from step to step. A
+    random draw between two steps is warned about once. A loop burst does not own
+    (Lightning's, Accelerate's: ``burst.integrations``) hands out the micro-batches itself
+    and calls, for each optimizer step, ``begin_step()``, ``before_micro_batch(index)``
+    before each micro-batch, then ``end_step(samples)`` once ``optimizer_stepped`` (else
+    ``abandon_step()``), after ``adopt_sampler(sampler)`` once; ``recover(exc)`` turns a
+    CUDA OOM or GPU failure it caught into the emergency snapshot and an exit code.
 
-    - ``adopt_sampler(sampler)``: once, after ``attach``: the loader's
-      ``ResumableSampler`` gets the run's layout and is checked against the snapshot's data;
-    - ``begin_step()`` before the step's first micro-batch (remembers the boundary an OOM
-      falls back to), ``before_micro_batch(index)`` before each (``BURST_FAULT`` drills);
-    - ``optimizer_stepped`` (read-only) turns True once ``optimizer.step()`` has run;
-    - ``end_step(samples)`` counts the finished step (and may snapshot, or stop the
-      process after a signal); ``abandon_step()`` drops a step that never reached the
-      optimizer, as at the end of an epoch;
-    - ``recover(exc)`` turns a CUDA OOM or GPU failure caught by the framework into the
-      emergency snapshot and returns the exit code to leave with.
+    ``inputs``: the files, folders or ``s3://``/``oss://``/``gs://`` URLs the run reads,
+    shipped to the store for a node with what the process is seen reading
+    (``burst.inputs``). ``trackers``: TensorBoard, W&B and MLflow runs that continue
+    after a resume (``burst.training.trackers``); add them after ``attach``.
 
-    ``inputs``: files, folders or ``s3://``/``oss://``/``gs://`` URLs the run reads (its
-    data set); burst also records what the process reads outside the project and the
-    environment, and ships both to the store for a node (``burst.inputs``; on a node,
-    ``burst.input_path(path)`` says where an input was placed).
-
-    ``trackers`` (:mod:`burst.training.trackers`): TensorBoard, W&B and MLflow runs that
-    continue after a resume, their state kept in each snapshot; add them after ``attach``.
-
-    ``in_optimizer_step``, ``layout``, ``save_boundary``, ``persist_shadow`` and
-    ``record_event`` are what the failure guard asks of a run (``guard.GuardedRun``).
-
-    How often to snapshot: left out, ``shadow_every`` (steps between RAM copies) and the
-    persist interval are chosen from measured costs so that burst takes at most
-    ``overhead_budget`` of the training time (1%) while a kill loses as little as it can;
-    the first persist comes after ten seconds of training (``burst.training.adaptive``).
-    ``shadow_every``, ``persist_every`` or ``persist_seconds`` given are used as given
-    (``persist_every`` alone: no timed persists; ``persist_seconds=None``: none at all).
-    ``intervals()`` says what is in force; each snapshot's meta records it.
-
-    Memory (``burst.training.memory_control``, one process only): after each step
-    ``memory_reader`` (default: the CUDA allocator's peak; nothing on CPU) reads the card;
-    past ``memory_target`` (85%; None: off) or after ``memory_alert()`` the next step runs a
-    smaller micro-batch and more accumulation, and with lasting headroom grows back, never
-    past the planned one. ``run.steps`` splits the loader's batches (``batch_size`` stays
-    the planned micro-batch), so every step keeps its samples. ``memory_rules`` such as
-    ``"memory > 80%: amp=bf16"`` or ``"memory > 90%: activation_checkpointing=Block"``
-    apply once, at the first boundary past their threshold.
+    Intervals left out (``shadow_every``, ``persist_every``, ``persist_seconds``) are
+    chosen from measured costs within ``overhead_budget`` of the training time
+    (``burst.training.adaptive``; ``persist_every`` alone: no timed persists,
+    ``persist_seconds=None``: none); ``intervals()`` says what is in force. Memory (one
+    process only, ``burst.training.memory_control``): past ``memory_target`` of the card
+    (read by ``memory_reader``) or after ``memory_alert()`` the next step runs a smaller
+    micro-batch (``steps`` splits the loader's batches), growing back with lasting
+    headroom; ``memory_rules`` (``"memory > 80%: amp=bf16"``) apply once past their
+    threshold.
     """
 
     # where the run stands (``burst.training.progress``), read and set as run.step etc.
@@ -151,15 +119,19 @@ class Run:
     samples_in_epoch: Forward[int] = Forward("progress")
     total_epochs: Forward[int | None] = Forward("progress")
     steps_per_epoch: Forward[int | None] = Forward("progress")
-    # the batch layout in force (``burst.training.layout``): re-planned whole, never edited
+    # what it trains (``burst.training.subject``): the layout and precision in force too
+    plan: Forward[Layout] = Forward("subject")  # re-planned whole, never edited
+    amp: Forward[str | None] = Forward("subject")  # a memory rule may change it
+    components: Forward[state_mod.Components] = Forward("subject")
+    extra: Forward[dict[str, Any]] = Forward("subject")  # the user's, kept in snapshots
+    trackers: Forward[Trackers] = Forward("subject")  # experiment curves that continue
+    # the batch layout in force (``burst.training.layout``)
     global_batch: Forward[int] = Forward("plan")
     micro_batch: Forward[int] = Forward("plan")
     accumulation: Forward[int] = Forward("plan")
     world_size: Forward[int] = Forward("plan")
     rank: Forward[int] = Forward("plan")
     planned_micro: Forward[int] = Forward("plan")  # the loader's batch; never grown past
-    # what the failure guard asks: is ``optimizer.step()`` halfway through its update now?
-    in_optimizer_step: Forward[bool] = Forward("progress", "optimizing")
     # for a foreign loop: has ``optimizer.step()`` run in the step in progress?
     optimizer_stepped: Forward[bool] = Forward("progress", "stepped")
 
@@ -189,11 +161,11 @@ class Run:
     ) -> None:
         self.run_id = _run_id(run_id)
         # world_size=None: whatever torch.distributed runs (burst.parallel.init_from_env)
-        self._group = Group.for_run(world_size)
-        self.plan = Layout.plan(global_batch, micro_batch, self._group.rank,
-                                self._group.world_size)  # checked against the launch's plan
+        group = self._group = Group.for_run(world_size)
+        self.subject = Subject(Layout.plan(global_batch, micro_batch, group.rank,
+                                           group.world_size),  # checked against the plan
+                               parse_amp(planned_amp(amp)))
         self.seed = seed
-        self.amp = parse_amp(planned_amp(amp))  # the precision in force (a rule may change it)
         self.progress = Progress()
         self.memory_quota = memory_quota.apply()  # burst run --gpu-memory-quota: cap CUDA
         # the stores last: every setting above is checked before any upload thread starts
@@ -204,41 +176,34 @@ class Run:
         self.local, uploads = _local_tier(self.store, self.run_id, local,
                                           uploads=self.rank == 0)
         # intervals left out are chosen from measured costs (burst.training.adaptive)
-        shadow_every = None if shadow_every is None else positive(shadow_every, "shadow_every")
-        persist_every = None if persist_every is None else positive(persist_every,
-                                                                    "persist_every")
-        if persist_seconds == adaptive.AUTO and persist_every is None \
-                and os.environ.get(ENV_PERSIST_SECONDS):
-            persist_seconds = seconds_from_env(ENV_PERSIST_SECONDS,
-                                               os.environ[ENV_PERSIST_SECONDS])
         policy = interval_policy(shadow_every, persist_every, persist_seconds, overhead_budget,
                                  clock)
-        self.extra: dict[str, Any] = {}
-        self.trackers = Trackers()  # experiment trackers that continue the run's curves
-        self.components = state_mod.Components(loop=LoopState())
         self.restored: state_mod.RestoreReport | None = None
+        self.record_event = History(self.local, self.run_id, self.rank, group.is_writer)
         self._sidecar = Sidecar(self.store, self.local, self.run_id, self.rank,
-                                self._group.is_writer, self.record_event)
+                                group.is_writer, self.record_event)
+        stop_fenced = lambda: fencing.stop(self.rescue, self.lineage)  # noqa: E731
         self._snapshots = Snapshotter(
-            self.store, self.local, uploads, self.run_id, self._group, self.lineage,
+            self.store, self.local, uploads, self.run_id, group, self.lineage,
             keep=keep, policy=policy, persist_every=persist_every,
-            describe=lambda reason: self._meta(reason, frozen=False),
-            take_state=self._take_state, committed=self._sidecar.committed,
-            record=self.record_event)
-        self._restorer = Restorer(self.store, self.local, self.run_id, self._group,
-                                  self.lineage, uploads, self.record_event,
-                                  lambda: fencing.stop(self, self.lineage))
-        self._sampler: ResumableSampler | None = None
-        self._saved_sampler: dict | None = None
+            describe=lambda reason: self.rescue.describe(reason, frozen=False),
+            take_state=lambda: self.rescue.take_state(), committed=self._sidecar.committed,
+            record=self.record_event, stop_fenced=stop_fenced)
+        self._restorer = Restorer(self.store, self.local, self.run_id, group, self.lineage,
+                                  uploads, self.record_event, stop_fenced)
         self._boundary = BoundaryCopies()  # what an OOM mid-step rewinds to
         self._outside = batches.OutsideDraws()  # draws between steps: said once
         self._injector = faults.for_run(self.local, self.store, self.run_id, self.record_event,
                                         settle=lambda: self.flush(timeout=60))
-        self._guard = Guard(self, grace_seconds)
         # on a cloud node: the preemption notice, and the spot bound on lost work
         self.max_lost_seconds = max_lost_seconds
         self._memory = MemoryManager(self.plan, memory_target, memory_rules, memory_reader,
                                      self.record_event)
+        self.rescue: Rescue = Rescue(self.subject, self.progress, group, self._boundary,
+                                     self._snapshots, self._sidecar, self._memory,
+                                     self._restorer.announce, self.record_event,
+                                     grace_seconds)
+        self._guard = Guard(self.rescue, grace_seconds)
         # the data it reads travels with it (burst.inputs): declared, and recorded from now
         # on; last, so a refused setting above leaves no audit hook recording
         self.inputs = inputs_part.declare(
@@ -253,84 +218,51 @@ class Run:
                carry: dict[str, Any] | None = None) -> state_mod.RestoreReport | None:
         """Register what to snapshot and restore the newest complete snapshot, if any.
 
-        Everything the snapshot constrains is checked before anything is restored or
-        recorded: the global batch, and with ``sampler`` (the training loader's
-        ``ResumableSampler``, adopted here) the data (length, seed, shuffle, drop_last),
-        that the position fits in its epoch, and that the ranks can split the epoch's
-        last step. Without ``sampler`` the data is checked when the loop hands it over
-        (``steps``/``adopt_sampler``); the ``resume`` event waits until then (or until the
-        first step or snapshot of a loop without one), so a refused resume is never in
-        the run's history, though the objects passed here have been restored in memory.
+        What the snapshot constrains is checked before anything is restored or recorded:
+        the global batch, and with ``sampler`` (the loader's ``ResumableSampler``, adopted
+        here) the data (length, seed, shuffle, drop_last), the position in its epoch, and
+        that the ranks can split its last step. Without ``sampler`` the data is checked
+        when the loop hands it over (``steps``/``adopt_sampler``), and the ``resume``
+        event waits until then (or the first step or snapshot), so a refused resume is
+        never in the run's history, though the objects passed here were restored.
 
         ``carry``: the values the loop carries from step to step (an LSTM's hidden state,
-        an EMA kept outside the model, a curriculum level), kept as ``run.carry``: every
-        snapshot holds what the dict holds at the step boundary, and a resume puts the
-        saved values back into it (``burst.state.carry``). Keep it current:
-        ``run.carry["hidden"] = hidden`` at the end of each step. One process only.
-
-        A refused attach (an exception out of here) undoes what it installed: signal
-        handlers, excepthook, threads, hooks (``burst.training.attach_guard``).
+        an EMA outside the model), kept as ``run.carry``: each snapshot holds the dict as
+        it is at the step boundary, and a resume puts the saved values back into it
+        (``burst.state.carry``); keep it current (``run.carry["hidden"] = hidden``). One
+        process only. A refused attach (an exception out of here) undoes what it
+        installed: handlers, threads, hooks (``burst.training.attach_guard``).
         """
         with attach_guard.Rollback() as undo:
-            return self._attach(undo, model, optimizer, scheduler, scaler, sampler=sampler,
-                                carry=carry)
-
-    def _attach(self, undo: attach_guard.Rollback, model: torch.nn.Module,
-                optimizer: torch.optim.Optimizer | None, scheduler: Any, scaler: Any, *,
-                sampler: ResumableSampler | None,
-                carry: dict[str, Any] | None) -> state_mod.RestoreReport | None:
-        loop = self.components.loop or LoopState()
-        if carry is not None:
-            if self.world_size > 1:
-                raise ConfigError("carry= holds one process's values; on several ranks "
-                                  "each rank's would need saving, which burst does not yet")
-            loop.hold(carry)
-        self.components = state_mod.Components(unwrap(model), optimizer, scheduler, scaler,
-                                                loop=loop)
-        if self._boundary.track(unwrap(model)):
-            undo.push(self._boundary.unhook)
-        if optimizer is not None:
-            undo.push(optimizer.register_step_pre_hook(
-                lambda *_: self.progress.optimizer_started()).remove)
-            if self._injector.pending:  # drills only: a run without them pays nothing
-                undo.push(optimizer.register_step_pre_hook(
-                    lambda *_: self._injector.in_optimizer_step(self.step + 1)).remove)
-            undo.push(optimizer.register_step_post_hook(
-                lambda *_: self.progress.optimizer_done()).remove)
-        if self.memory_quota is not None:
-            self.record_event("memory-quota", **self.memory_quota)
-        if not self._guard.installed:
-            self._guard.install()
-            undo.push(self._guard.uninstall)
-        if self._snapshots.watcher is None:
-            self._snapshots.watcher = preemption.start(self, self.max_lost_seconds)
-            if self._snapshots.watcher is not None:
-                undo.push(self._snapshots.stop_watcher)
-        manifest = self._restorer.choose()
-        if manifest is None:
+            self.subject.hold(model, optimizer, scheduler, scaler, carry)
+            if self._boundary.track(unwrap(model)):
+                undo.push(self._boundary.unhook)
+            if optimizer is not None:
+                for remove in self.progress.follow(optimizer):
+                    undo.push(remove)
+                if self._injector.pending:  # drills only: a run without them pays nothing
+                    undo.push(optimizer.register_step_pre_hook(
+                        lambda *_: self._injector.in_optimizer_step(self.step + 1)).remove)
+            if self.memory_quota is not None:
+                self.record_event("memory-quota", **self.memory_quota)
+            if not self._guard.installed:
+                self._guard.install()
+                undo.push(self._guard.uninstall)
+            if self._snapshots.watcher is None:
+                self._snapshots.watcher = preemption.start(self, self.max_lost_seconds)
+                if self._snapshots.watcher is not None:
+                    undo.push(self._snapshots.stop_watcher)
+            manifest = self._restorer.choose()
+            if manifest is not None:  # checked (global batch, data) before anything changes
+                self.restored = self._restorer.resume(manifest, self.subject, self.progress,
+                                                      self.seed, sampler)
             if sampler is not None:
-                self.adopt_sampler(sampler)
-            self.record_event("start", **self.layout(), **launch.fields())
+                self.adopt_sampler(sampler)  # records the resume
+            if manifest is None:
+                self.record_event("start", **self.subject.layout(), **launch.fields())
             self._sidecar.start()
             self._outside.mark("attach()")
-            return None
-        self.plan.check_snapshot(manifest, sampler)  # before any state changes or event
-        manifest, saved, notes = self._restorer.load(
-            manifest, self.components, precision.in_force(self.amp, self.components.scaler),
-            self.seed, self.plan)
-        self.progress.restore(manifest["counters"])
-        self.extra = saved.get("extra") or {}
-        self.trackers.restore(self.extra.pop(TRACKERS_KEY, None))
-        self._saved_sampler = manifest.get("sampler")
-        self.restored = state_mod.RestoreReport(self.step, self.epoch, self.samples_consumed,
-                                                manifest.get("reason", "unknown"), notes)
-        self._restorer.pending_resume = {"step": self.restored.step, "notes": notes,
-                                         **self.layout(), **launch.fields()}
-        if sampler is not None:
-            self.adopt_sampler(sampler)  # records the resume
-        self._sidecar.start()
-        self._outside.mark("attach()")
-        return self.restored
+            return None if manifest is None else self.restored
 
     # -- the loop -----------------------------------------------------------------------
 
@@ -345,10 +277,7 @@ class Run:
         """The optimizer steps of the current epoch, from the next unconsumed sample."""
         sampler = self.adopt_sampler(self.plan.check_loader(loader))
         sampler.set_epoch(self.epoch, start=self.samples_in_epoch)
-        usable = sampler.epoch_length()
-        if loader.drop_last:
-            usable = usable // self.planned_micro * self.planned_micro
-        self.steps_per_epoch = math.ceil(usable / self.global_batch)
+        self.steps_per_epoch = self.plan.epoch_steps(sampler.epoch_length(), loader.drop_last)
         # DataLoader draws worker seeds from this generator, not from the global RNG, so
         # starting an iterator mid-epoch after a resume does not shift the training RNG.
         loader.generator = torch.Generator().manual_seed(derive_seed("loader", self.seed,
@@ -390,10 +319,9 @@ class Run:
     def adopt_sampler(self, sampler: object) -> ResumableSampler:
         """Make ``sampler`` the run's: check it is a ``ResumableSampler`` over the data the
         snapshot was taken on, and give it the run's layout (global batch, rank, world)."""
-        self._sampler = self.plan.adopt(sampler, self._saved_sampler)
-        self._saved_sampler = None
+        adopted = self.subject.adopt(sampler)
         self._restorer.announce()
-        return self._sampler
+        return adopted
 
     def begin_step(self) -> None:
         """An optimizer step starts: remember the boundary state an OOM falls back to."""
@@ -416,7 +344,14 @@ class Run:
         """The step in progress consumed ``samples`` (on all ranks) and stepped the
         optimizer: count it; this may snapshot, and after a signal stops the process."""
         self.progress.end_step()
-        self._complete_step(samples)
+        self._snapshots.step_ended()
+        self.progress.count(samples)
+        if torch.cuda.is_initialized():  # a flag, never initialising CUDA
+            self._memory.record_peak(self.micro_batch)
+        self.plan, self.amp = self._memory.at_boundary(self.plan, self.amp,
+                                                       self.components.model, self.step)
+        self._sidecar.step_done(self.step, samples, self.plan, self._snapshots.uploads)
+        self._snapshots.boundary(self.step, self._guard)  # may snapshot, may stop
         self._outside.mark(f"step {self.step}")
 
     def abandon_step(self) -> None:
@@ -430,33 +365,6 @@ class Run:
         by a framework: save what can be trusted, leave the failure record, and return
         the exit code to leave with."""
         return self._guard.recover(exc)
-
-    def _complete_step(self, samples: int) -> None:
-        self._snapshots.step_ended()
-        self.progress.count(samples)
-        if torch.cuda.is_initialized():  # a flag, never initialising CUDA
-            self._memory.record_peak(self.micro_batch)
-        self.plan, self.amp = self._memory.at_boundary(self.plan, self.amp,
-                                                       self.components.model, self.step)
-        self._sidecar.step_done(self.step, samples, self.plan, self._snapshots.uploads)
-        reason, self._snapshots.requested = self._snapshots.requested, None
-        asked = self._guard.take_snapshot_request()  # request_snapshot, from another thread
-        reason = reason or asked
-        if self._guard.stop_requested:
-            reason = Reason.SIGNAL
-        if fencing.fenced(self.lineage):  # a newer launch took over: train no further
-            reason = Reason.FENCED
-        persist, shadow, reason, asked = self._snapshots.decide(self.step, reason, asked)
-        if reason == Reason.FENCED:
-            fencing.stop(self, self.lineage)
-        if persist or shadow:
-            self._snapshots.capture(self.step, reason or Reason.PERIODIC, persist=persist)
-            self._snapshots.say_intervals(self.step)
-        if reason == Reason.SIGNAL:  # a signal reached at least one rank: all stop here
-            self._guard.stop_at_boundary()
-        if asked is not None:  # e.g. this node is about to be preempted: store it now
-            self._guard.store_requested()
-        self._snapshots.vote_next(self.step)  # several ranks: for the next boundary
 
     def intervals(self) -> adaptive.Intervals:
         """The shadow and persist intervals in force (the user's, or chosen from measured
@@ -498,20 +406,7 @@ class Run:
     def close(self) -> None:
         """Snapshot the final state and wait for it to be stored."""
         self._sidecar.stop_staging()  # returns at once: never holds up the final snapshot
-        self._snapshots.drain_votes()
-        self._snapshots.capture(self.step, Reason.FINAL, persist=True)
-        upload_error: StoreError | None = None
-        try:
-            self._group.settle(self.flush)  # rank 0 stores it; every rank learns the outcome
-        except SnapshotError:
-            if fencing.fenced(self.lineage):  # refused: a newer launch owns the run
-                fencing.stop(self, self.lineage)
-            raise
-        except StoreError as exc:  # the upload, once the local tier holds the snapshot
-            if self._snapshots.uploads is None or not outage.kept_locally(self.local, self.run_id,
-                                                                self.step):
-                raise
-            upload_error = exc
+        upload_error = self._snapshots.store_final(self.step)
         self._sidecar.metrics.flush()
         self.record_event("finish", step=self.step)
         self.trackers.close()
@@ -536,79 +431,18 @@ class Run:
         with contextlib.suppress(Exception):
             self.flush()
 
-    def _take_state(self) -> tuple[Any, Any, Any]:
-        """The state to capture (on several ranks, this rank's piece)."""
-        self._boundary.check(self.components.model)
-        return dist_state.capture(self.components, _extra_of(self.extra, self.trackers),
-                                  self._group)
-
-    def save_boundary(self, reason: str) -> int | None:
-        """Snapshot the live state as it was at the last step boundary (after an OOM);
-        return its step. On several ranks the other ranks may be stuck in a collective, so
-        no collective capture is possible: every rank keeps its RAM shadow instead."""
-        if self.world_size > 1 or self._boundary.rng_state is None:  # no boundary marked
-            return self.persist_shadow(reason)
-        tree, live = state_mod.capture(self.components, _extra_of(self.extra, self.trackers),
-                                       rng_state=self._boundary.rng_state,
-                                       model_buffers=self._boundary.buffers)
-        self._snapshots.tiers.capture(self.step, tree, live, self._meta(reason), persist=True)
-        return self.step
-
-    def persist_shadow(self, reason: str) -> int | None:
-        """Queue the newest RAM copy under ``reason`` without touching the device. On
-        several ranks each rank queues its own piece, and rank 0 waits for the others' at
-        most the grace period: a rank stuck in a collective never sends one, and the
-        newest complete snapshot then stands."""
-        self._sidecar.stop_staging()  # the emergency snapshot has the uplink to itself
-        return self._snapshots.persist_shadow(reason, self._guard.grace_seconds)
-
-    def record_event(self, name: str, /, **fields: Any) -> None:
-        """Record an event; the history is worth less than the run, so failures only warn."""
-        if not self._group.is_writer:  # rank 0 tells the run's story; others add failures
-            if name in ("start", "resume", "finish"):
-                return
-            fields.setdefault("rank", self.rank)
-        events.record(self.local, self.run_id, name, **fields)  # uploaded with snapshots
-
-    def _meta(self, reason: str, frozen: bool = True) -> dict[str, Any]:
-        """The manifest fields of a capture; ``frozen=False`` (a RAM shadow nobody may
-        ever persist) leaves the environment freeze to ``Snapshotter.freeze_fields``, which the
-        persister calls, so the training loop never waits for a freeze to copy state."""
-        self._restorer.announce()
-        meta = manifest_fields(
-            reason, counters=self.progress.counters(), batch=self.layout(),
-            amp=precision.in_force(self.amp, self.components.scaler),
-            sampler=self._sampler.state() if self._sampler else self._saved_sampler,
-            peaks=self._memory.peaks, intervals=self._snapshots.policy.intervals())
-        return self._snapshots.freeze_fields(meta) if frozen else meta
-
     def grad_scaler(self) -> torch.amp.GradScaler:
         """A GradScaler that is enabled exactly when the run's precision needs one (fp16)."""
-        return precision.grad_scaler(self.amp, self.components.model)
-
-    def layout(self) -> dict[str, Any]:
-        """The batch layout: global and micro batch, accumulation, world size, and whether
-        the model is sharded (FSDP2: the planner then counts its state per rank)."""
-        layout = self.plan.as_dict()
-        if dist_state.sharded(self.components):
-            layout["sharded"] = True
-        return layout
+        return self.subject.grad_scaler()
 
     def autocast(self, device_type: str | None = None) -> contextlib.AbstractContextManager:
         """``torch.autocast`` for the run's precision (a no-op in full precision)."""
-        return precision.autocast(self.amp, self.components.model, device_type)
+        return self.subject.autocast(device_type)
 
     def memory_alert(self) -> None:
         """A memory alert fired (callable from any thread): the next step boundary
         shrinks the micro-batch (when this run re-plans memory at all)."""
         self._memory.alert()
-
-
-def _extra_of(extra: dict[str, Any], trackers: Trackers) -> dict[str, Any]:
-    """``extra`` as a snapshot keeps it: with the trackers' state when there are any."""
-    if not trackers:
-        return extra
-    return {**extra, TRACKERS_KEY: trackers.state()}
 
 
 def _disk_roots(*stores: Store) -> list[str]:

@@ -12,6 +12,7 @@ copy to host RAM is ``burst.snapshot.tiers``'.
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 import time
@@ -25,14 +26,16 @@ import torch
 
 from burst.contract import Reason
 from burst.env import freeze
-from burst.errors import ConfigError
+from burst.errors import ConfigError, SnapshotError, StoreError
 from burst.inputs import part as inputs_part
 from burst.parallel.group import Group, StepVote
 from burst.snapshot import lineage, reader, sync
 from burst.snapshot import tiers as snapshot_tiers
 from burst.snapshot.upload import UploadQueue
 from burst.store import Store
-from burst.training import adaptive, attach_guard
+from burst.training import adaptive, attach_guard, fencing, outage
+from burst.training.guard import Guard
+from burst.training.layout import positive
 from burst.training.preemption import Watcher
 
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
@@ -41,6 +44,9 @@ INTERVALS_EVENT = "snapshot-intervals"  # the intervals chosen from measured cos
 # is stored: they write the same share of bytes at the same time, so far more than a
 # piece's upload; a rank that never reports (dead, hung) fails that snapshot, not the run.
 SHARD_TIMEOUT_SECONDS = 600.0
+# the persist interval of a run whose code leaves it to burst: an operator or a drill sets
+# the cadence without editing the script (a value the code gives always wins)
+ENV_PERSIST_SECONDS = "BURST_PERSIST_SECONDS"
 # snapshots that may wait for the freeze
 _ROUTINE_REASONS = (Reason.PERIODIC, Reason.MANUAL, Reason.FINAL)
 
@@ -55,9 +61,11 @@ class Snapshotter:
                  group: Group, generation: lineage.Lineage | None, *, keep: int,
                  policy: adaptive.Adaptive, persist_every: int | None,
                  describe: Describe, take_state: TakeState,
-                 committed: Callable[[dict], None], record: Callable[..., None]) -> None:
+                 committed: Callable[[dict], None], record: Callable[..., None],
+                 stop_fenced: Callable[[], object]) -> None:
         self.store, self.local, self.uploads, self.run_id = store, local, uploads, run_id
-        self._group = group
+        self._group, self._lineage = group, generation
+        self._stop_fenced = stop_fenced  # leaves the process (exit 90)
         self.policy = policy  # what steps and copies are timed with (tests inject a clock)
         self.persist_every = persist_every
         self._describe, self._take_state = describe, take_state
@@ -113,6 +121,44 @@ class Snapshotter:
         self._own = (reason, asked)
         persist, shadow, voted = self._vote.collect()
         return persist, shadow, voted, self._asked
+
+    def boundary(self, step: int, guard: Guard) -> None:
+        """At a step boundary: snapshot what is due or was asked for (mid-step, by another
+        thread, by a signal), and stop once a signal came or a newer launch took over."""
+        asked = guard.take_snapshot_request()  # request_snapshot, from another thread
+        reason, self.requested = self.requested or asked, None
+        if guard.stop_requested:
+            reason = Reason.SIGNAL
+        if fencing.fenced(self._lineage):  # a newer launch took over: train no further
+            reason = Reason.FENCED
+        persist, shadow, reason, asked = self.decide(step, reason, asked)
+        if reason == Reason.FENCED:
+            self._stop_fenced()
+        if persist or shadow:
+            self.capture(step, reason or Reason.PERIODIC, persist=persist)
+            self.say_intervals(step)
+        if reason == Reason.SIGNAL:  # a signal reached at least one rank: all stop here
+            guard.stop_at_boundary()
+        if asked is not None:  # e.g. this node is about to be preempted: store it now
+            guard.store_requested()
+        self.vote_next(step)  # several ranks: for the next boundary
+
+    def store_final(self, step: int) -> StoreError | None:
+        """The final snapshot, stored, every rank told the outcome; an upload that failed
+        once the local tier holds the snapshot is returned for the caller to report."""
+        self.drain_votes()  # the last boundary's votes: the final snapshot serves them all
+        self.capture(step, Reason.FINAL, persist=True)
+        try:
+            self._group.settle(self.flush)  # rank 0 stores it; every rank learns the outcome
+        except SnapshotError:
+            if fencing.fenced(self._lineage):  # refused: a newer launch owns the run
+                self._stop_fenced()
+            raise
+        except StoreError as exc:  # the upload, once the local tier holds the snapshot
+            if self.uploads is None or not outage.kept_locally(self.local, self.run_id, step):
+                raise
+            return exc
+        return None
 
     def vote_next(self, step: int) -> None:
         """On several ranks, vote for the next boundary (no stall: ``StepVote``); timed
@@ -240,8 +286,16 @@ def _card_name() -> str:
 def interval_policy(shadow_every: int | None, persist_every: int | None,
                     persist_seconds: float | str | None, overhead_budget: float,
                     clock: Callable[[], float]) -> adaptive.Adaptive:
-    """The interval policy for the intervals a run gave; those left out are chosen from
-    measured costs (``burst.training.adaptive``)."""
+    """The interval policy for the intervals a run gave (each checked, in this order);
+    those left out are chosen from measured costs (``burst.training.adaptive``), the
+    persist interval from ``$BURST_PERSIST_SECONDS`` when the code leaves it to burst."""
+    shadow_every = None if shadow_every is None else positive(shadow_every, "shadow_every")
+    persist_every = None if persist_every is None else positive(persist_every,
+                                                                "persist_every")
+    if persist_seconds == adaptive.AUTO and persist_every is None \
+            and os.environ.get(ENV_PERSIST_SECONDS):
+        persist_seconds = seconds_from_env(ENV_PERSIST_SECONDS,
+                                           os.environ[ENV_PERSIST_SECONDS])
     persist_seconds = _persist_seconds(persist_seconds)
     return adaptive.Adaptive(
         _budget(overhead_budget), shadow_every=shadow_every,

@@ -17,7 +17,7 @@ from burst.resume.status import intervals_line, run_status
 from burst.snapshot import reader
 from burst.store import LocalStore
 from burst.training.adaptive import FIRST_PERSIST_SECONDS, Adaptive
-from burst.training.run import ENV_PERSIST_SECONDS
+from burst.training.snapshotter import ENV_PERSIST_SECONDS
 
 
 class Clock:

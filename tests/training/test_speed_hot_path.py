@@ -71,7 +71,7 @@ def test_an_oom_mid_step_saves_the_buffers_of_the_step_boundary(tmp_path, monkey
     run.begin_step()
     model(torch.randn(4, 3) * 5)  # the forward of a step that then runs out of memory
     assert not torch.equal(model.norm.running_mean, boundary["norm.running_mean"])
-    assert run.save_boundary("oom") == 3
+    assert run.rescue.save_boundary("oom") == 3
     run.flush()
     assert_newest_holds(tmp_path, "bn", boundary)
 
@@ -86,7 +86,7 @@ def test_without_cuda_or_a_drill_an_oom_save_keeps_the_ram_shadow_of_the_boundar
     one_step(run, model, run.components.optimizer, torch.randn(4, 3))
     run.begin_step()
     model(torch.randn(4, 3) * 5)
-    assert run.save_boundary("oom") == 3
+    assert run.rescue.save_boundary("oom") == 3
     run.flush()
     assert_newest_holds(tmp_path, "cpu", shadowed)
 
