@@ -19,6 +19,7 @@ from burst.redact import scrub_text
 UTC = timezone.utc  # datetime.UTC is Python 3.11+; nodes may run 3.10
 
 LOG_DIR_ENV = "BURST_LOG_DIR"
+MAX_SAME_SECOND = 1000  # crash logs one process may write within one second
 
 
 def log_dir() -> Path:
@@ -40,10 +41,23 @@ def write(error: BaseException, argv: list[str] | None = None) -> Path | None:
     try:
         directory = log_dir()
         directory.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path = directory / f"crash-{now.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        path, fd = _create(directory, f"crash-{now.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}")
         with os.fdopen(fd, "w") as f:
             f.write(scrub_text("\n".join(line.rstrip("\n") for line in lines)) + "\n")
     except OSError:
         return None
     return path
+
+
+def _create(directory: Path, stem: str) -> tuple[Path, int]:
+    """A new owner-only file ``<stem>.log``, else ``<stem>-2.log``, ``-3``...: two crashes
+    in the same second of one process each keep their traceback. Never opens an existing
+    file or follows a link planted at the name (O_EXCL, O_NOFOLLOW): the next name is tried."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+    for number in range(1, MAX_SAME_SECOND + 1):
+        path = directory / (f"{stem}.log" if number == 1 else f"{stem}-{number}.log")
+        try:
+            return path, os.open(path, flags, 0o600)
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{MAX_SAME_SECOND} crash logs named {stem} already exist")
