@@ -134,6 +134,19 @@ class Run:
     planned_micro: Forward[int] = Forward("plan")  # the loader's batch; never grown past
     # for a foreign loop: has ``optimizer.step()`` run in the step in progress?
     optimizer_stepped: Forward[bool] = Forward("progress", "stepped")
+    # calls a part answers whole (the run adds nothing to them)
+    recover: Forward[Callable[[BaseException], int]] = Forward("_guard")
+    """After a CUDA OOM or GPU failure (``failure.classify(exc)`` is not None) caught by a
+    framework: save what can be trusted, leave the failure record, and return the exit
+    code to leave with."""
+    intervals: Forward[Callable[[], adaptive.Intervals]] = Forward("_snapshots")
+    """The shadow and persist intervals in force (the user's, or chosen from measured
+    costs), with the work a SIGKILL would lose on average."""
+    grad_scaler: Forward[Callable[[], torch.amp.GradScaler]] = Forward("subject")
+    """A GradScaler that is enabled exactly when the run's precision needs one (fp16)."""
+    memory_alert: Forward[Callable[[], None]] = Forward("_memory", "alert")
+    """A memory alert fired (callable from any thread): the next step boundary shrinks
+    the micro-batch (when this run re-plans memory at all)."""
 
     def __init__(
         self,
@@ -360,17 +373,6 @@ class Run:
         self.progress.end_step()
         self._outside.mark(f"step {self.step}")
 
-    def recover(self, exc: BaseException) -> int:
-        """After a CUDA OOM or GPU failure (``failure.classify(exc)`` is not None) caught
-        by a framework: save what can be trusted, leave the failure record, and return
-        the exit code to leave with."""
-        return self._guard.recover(exc)
-
-    def intervals(self) -> adaptive.Intervals:
-        """The shadow and persist intervals in force (the user's, or chosen from measured
-        costs), with the work a SIGKILL would lose on average."""
-        return self._snapshots.policy.intervals()
-
     # -- snapshots ----------------------------------------------------------------------
 
     def snapshot(self, reason: str = Reason.MANUAL, wait: bool = False) -> None:
@@ -431,18 +433,9 @@ class Run:
         with contextlib.suppress(Exception):
             self.flush()
 
-    def grad_scaler(self) -> torch.amp.GradScaler:
-        """A GradScaler that is enabled exactly when the run's precision needs one (fp16)."""
-        return self.subject.grad_scaler()
-
     def autocast(self, device_type: str | None = None) -> contextlib.AbstractContextManager:
         """``torch.autocast`` for the run's precision (a no-op in full precision)."""
         return self.subject.autocast(device_type)
-
-    def memory_alert(self) -> None:
-        """A memory alert fired (callable from any thread): the next step boundary
-        shrinks the micro-batch (when this run re-plans memory at all)."""
-        self._memory.alert()
 
 
 def _disk_roots(*stores: Store) -> list[str]:

@@ -212,6 +212,11 @@ class Snapshotter:
             self.uploads.flush(None if deadline is None else deadline - time.monotonic())
             sync.copy_extras(self.local, self.store, self.run_id)  # events written since
 
+    def intervals(self) -> adaptive.Intervals:
+        """The shadow and persist intervals in force (the user's, or chosen from measured
+        costs), with the work a SIGKILL would lose on average."""
+        return self.policy.intervals()
+
     def say_intervals(self, step: int) -> None:
         """Record the chosen intervals when they first exist and whenever they change by
         more than half (``burst status`` shows the newest; each snapshot's meta has them)."""
