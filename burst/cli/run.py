@@ -18,7 +18,7 @@ from burst.errors import ConfigError
 from burst.inputs.names import INPUTS_ENV
 from burst.inputs.selection import declared_value
 from burst.store import is_local, open_store
-from burst.supervise.agent import Agent, Outcome, Policy
+from burst.supervise.agent import STORE_WAIT_CAP, Agent, Outcome, Policy
 from burst.supervise.coordinator import (
     Coordinator,
     Share,
@@ -52,6 +52,12 @@ def supervision_options(fn):
         click.option("--max-retries", type=click.IntRange(0), default=3, show_default=True),
         click.option("--backoff", type=click.IntRange(2), default=2, show_default=True,
                      help="Divide the micro-batch by this on each OOM retry."),
+        click.option("--store-retries", type=click.IntRange(0), default=5, show_default=True,
+                     help="Start again this often when the store is unreachable as the run "
+                          "starts (exit 92: nothing trained), apart from --max-retries."),
+        click.option("--store-wait", type=click.FloatRange(min=0), default=15.0,
+                     show_default=True, help="Seconds before the first such start, doubled "
+                                             f"each time (at most {STORE_WAIT_CAP:g})."),
         click.option("--gpu-interval", type=click.FloatRange(min=0.1), default=30.0,
                      show_default=True, help="Seconds between GPU samples."),
         click.option("--memory-threshold", type=click.FloatRange(0, 1), default=0.8,
@@ -84,7 +90,8 @@ def build_agent(options: dict, fault: str | None = None, json_output: bool = Fal
     history = store if is_local(store) else open_store(options["local_url"])
     policy = Policy(on_oom=options["on_oom"], on_gpu_failure=options["on_gpu_failure"],
                     on_killed=options["on_killed"], max_retries=options["max_retries"],
-                    backoff=options["backoff"])
+                    backoff=options["backoff"], store_retries=options["store_retries"],
+                    store_wait=options["store_wait"])
     run_id = options["run_id"]
     scale_rule = options.get("scale_out")
     policy_out = parse_scale_out(scale_rule) if scale_rule else None  # before anything starts

@@ -14,6 +14,14 @@ Then it decides:
   newest persisted snapshot.
 - ``stop``: leave it for a person, with the reason and the exact command to resume.
 
+Two endings are the store's fault, not the training's (``burst.training.outage``), and are
+not policies: a store unreachable as the run started (92: nothing trained, nothing lost) is
+started again after a wait that doubles each time, counted apart from the retries above
+and bounded by ``store_retries``; an upload that failed after training finished (93: the
+final snapshot is in the local tier) is not trained again: the agent uploads the snapshot
+itself, as ``burst push`` would, and exits 0 once it is in the store, else 93 with the
+``burst push`` command that uploads it later.
+
 Each start, exit (with the rank whose record decided it), decision and restart is an event
 in the run's history. The agent's own exit code is burst's code for what happened (86 for an
 OOM it could not shrink away, even when torchrun said 1), so a supervisor above it, such as
@@ -42,14 +50,17 @@ from burst.contract import (
     ENV_FAILURE_DIR,
     ENV_FAULT,
     ENV_GPU_MEMORY_QUOTA,
+    ENV_LOCAL,
     ENV_MICRO_BATCH,
     ENV_RUN_ID,
     ENV_STORE,
+    Exit,
     PlanEnv,
     Reason,
 )
-from burst.errors import ConfigError
-from burst.snapshot import reader
+from burst.errors import ConfigError, SnapshotError, StoreError
+from burst.snapshot import reader, sync
+from burst.store import default_local_url, open_store
 from burst.store.base import Store
 from burst.supervise import verdict as verdicts
 from burst.supervise.coordinator import PauseWatch, Share
@@ -61,6 +72,7 @@ POLICIES = {
     Reason.GPU_FAILURE: ("burst", "restart", "stop"),
     "killed": ("restart", "stop"),
 }
+STORE_WAIT_CAP = 300.0  # seconds: the longest wait before starting again after a store outage
 
 
 @dataclass
@@ -70,6 +82,10 @@ class Policy:
     on_killed: str = "stop"
     max_retries: int = 3
     backoff: int = 2
+    # a store unreachable at the start (92): started again up to this often, apart from
+    # max_retries (nothing was lost), waiting store_wait seconds, doubled each time
+    store_retries: int = 5
+    store_wait: float = 15.0
 
     def __post_init__(self) -> None:
         for kind, value in ((Reason.OOM, self.on_oom), (Reason.GPU_FAILURE, self.on_gpu_failure),
@@ -79,6 +95,12 @@ class Policy:
                                   f"{', '.join(POLICIES[kind])}, got {value!r}")
         if self.max_retries < 0 or self.backoff < 2:
             raise ConfigError("max retries must be >= 0 and the backoff factor >= 2")
+        if self.store_retries < 0 or self.store_wait < 0:
+            raise ConfigError("store retries and the wait before them must be >= 0")
+
+    def store_delay(self, retry: int) -> float:
+        """Seconds to wait before store retry number ``retry`` (1-based)."""
+        return min(STORE_WAIT_CAP, self.store_wait * 2 ** (retry - 1))
 
     def action(self, kind: str) -> str:
         return {Reason.OOM: self.on_oom, Reason.GPU_FAILURE: self.on_gpu_failure,
@@ -136,7 +158,7 @@ class Agent:
 
     def run(self) -> Outcome:
         outcome = Outcome(returncode=0, attempts=self.attempts)
-        retries = 0
+        retries = outages = 0
         if self.watch is not None:
             self.watch.start()
         try:
@@ -150,6 +172,16 @@ class Agent:
                     continue
                 if attempt.kind in ("ok", Reason.SIGNAL, "error", Reason.FENCED):
                     outcome.decision, outcome.message = _final(attempt)
+                    return outcome
+                if attempt.kind == failure.UPLOAD_FAILED:  # trained: upload, never retrain
+                    outcome.decision, outcome.message, outcome.returncode = self._upload()
+                    return outcome
+                if attempt.kind == failure.STORE_UNREACHABLE:
+                    if outages < self.policy.store_retries:
+                        outages += 1
+                        self._wait_for_store(outages)
+                        continue
+                    outcome.decision, outcome.message = "stop", self._store_gave_up(outages)
                     return outcome
                 action = self.policy.action(attempt.kind)
                 if action in ("retry-smaller", "restart") and retries >= self.policy.max_retries:
@@ -276,6 +308,39 @@ class Agent:
             code = self.launcher(self.run_id)
             return f"handed to burst resume (exit {code})", code
         return f"{attempt.kind}: stopped for a person; to continue run: {resume}", None
+
+    def _wait_for_store(self, retry: int) -> None:
+        """Nothing was trained, nothing lost: wait for the store, then start again."""
+        delay = self.policy.store_delay(retry)
+        self._record("policy", kind=failure.STORE_UNREACHABLE, action="restart",
+                     retry=retry, of=self.policy.store_retries, wait_seconds=delay)
+        self.say(f"the store did not answer as the run started; starting again in "
+                 f"{delay:g}s (store retry {retry} of {self.policy.store_retries})")
+        time.sleep(delay)
+
+    def _store_gave_up(self, retries: int) -> str:
+        self._record("policy", kind=failure.STORE_UNREACHABLE, action="stop", retries=retries)
+        return (f"{self.store_url} could not be reached as the run started, "
+                f"{retries + 1} time(s); nothing was trained or lost: start it again once "
+                "the store answers")
+
+    def _upload(self) -> tuple[str, str, int]:
+        """Training finished but its final upload failed: push the local tier's newest
+        snapshot to the store (what ``burst push`` does); the decision, message and code."""
+        local_url = self.env.get(ENV_LOCAL) or default_local_url()
+        command = (f"burst push {shlex.quote(self.run_id)} --store "
+                   f"{shlex.quote(self.store_url)} --local {shlex.quote(local_url)}")
+        try:
+            [pushed] = sync.push(open_store(local_url), open_store(self.store_url), self.run_id)
+        except (StoreError, SnapshotError, OSError) as exc:
+            why = " ".join(str(exc).split()) or type(exc).__name__
+            self._record(failure.UPLOAD_FAILED, message=why, by="agent")
+            return (failure.UPLOAD_FAILED, f"training finished, but its snapshot is only in the "
+                    f"local tier: the upload failed again ({why}); `{command}` uploads it "
+                    "later", Exit.UPLOAD_FAILED)
+        self._record("uploaded", step=pushed.step, by="agent")
+        return ("finished", f"training finished; the agent uploaded the final snapshot "
+                f"(step {pushed.step}) the run could not", 0)
 
     def _record(self, name: str, /, **fields: object) -> None:
         events.record(self.store, self.run_id, name, say=self.say, source="agent", **fields)

@@ -33,10 +33,16 @@ from typing import Any
 
 from burst.contract import ENV_FAILURE_DIR, Exit, Reason
 
+# the store failed, not the training (burst.training.outage): at the start (nothing trained),
+# or the final upload (the snapshot is in the local tier): the agent acts on each apart
+STORE_UNREACHABLE = "store-unreachable"
+UPLOAD_FAILED = "upload-failed"
+
 # what each exit code says about how the process ended (classify_exit)
 EXIT_KINDS: dict[int, str] = {Exit.OOM: Reason.OOM, Exit.GPU_FAILURE: Reason.GPU_FAILURE,
               Exit.STOPPED: Reason.SIGNAL, Exit.FENCED: Reason.FENCED,
-              Exit.SETUP_FAILED: "setup-failed"}
+              Exit.SETUP_FAILED: "setup-failed",
+              Exit.STORE_UNREACHABLE: STORE_UNREACHABLE, Exit.UPLOAD_FAILED: UPLOAD_FAILED}
 
 STICKY_PATTERNS = (
     "illegal memory access",
@@ -72,7 +78,8 @@ def classify(exc: BaseException) -> Reason | None:
 
 
 def classify_exit(returncode: int) -> str:
-    """What a child's exit status says: ok, oom, gpu-failure, signal, killed or error."""
+    """What a child's exit status says: ok, oom, gpu-failure, signal, store-unreachable,
+    upload-failed, killed or error."""
     if returncode == 0:
         return "ok"
     if returncode in EXIT_KINDS:
