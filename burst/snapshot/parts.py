@@ -16,6 +16,9 @@ Each rank's persister instead writes a *part* straight into the run's store
 Rank 0 then waits for every rank's report of that step and merges them into one format 2
 manifest (:func:`commit_parts`), committed by :func:`burst.snapshot.commit.commit` like
 any other snapshot: the manifest is written last, so the snapshot is complete or invisible.
+Rank 0's persister hands its own report to the commit in memory (``publish=False``,
+``own=``) rather than through the store: storing it and reading it back cost the commit a
+synced write, a listing and a read on its critical path, and only rank 0 reads reports.
 A rank that dies mid-way leaves no report; rank 0 waits until ``timeout`` and gives up,
 and the previous snapshot stays the newest. The parts and markers of a committed step are
 deleted by the next commit of a later step (a step persisted again, such as the final
@@ -41,8 +44,9 @@ import json
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -85,23 +89,26 @@ def rank_marker_key(run_id: str, step: int, rank: int) -> str:
 def write_part(store: Store, run_id: str, step: int, rank: int,
                tensors: dict[str, torch.Tensor], boxes: Mapping[str, Box], *,
                world_size: int, launch: str | None = None,
-               policy: RetryPolicy = DEFAULT_RETRY) -> dict:
+               policy: RetryPolicy = DEFAULT_RETRY, publish: bool = True) -> dict:
     """Write this rank's blobs of ``step`` into ``store`` and then its part report; return
-    the report. ``tensors`` are contiguous host tensors, ``boxes`` their places."""
+    the report. ``tensors`` are contiguous host tensors, ``boxes`` their places.
+    ``publish=False`` (rank 0, which commits): the report is returned, not stored; pass it
+    to :func:`commit_parts` as ``own``."""
     missing = [name for name in tensors if name not in boxes]
     if missing:
         raise SnapshotError(f"rank {rank} has no box for tensor {missing[0]!r}")
     blobs = layout_blobs(tensors)
     payloads = [blob.payload(tensors) for blob in blobs]
     algo = fmt.WRITE_HASH
-    infos = _hash(payloads, algo)
-    digests = [digest for digest, _ in infos]
-    retry(lambda: store.put(rank_marker_key(run_id, step, rank), fmt.encode_marker(digests)),
-          policy)
-    killpoints.hit("shard.marker-written")
-    payload_of = dict(zip(digests, payloads, strict=True))
-    each_blob(lambda digest: _land(store, run_id, digest, payload_of[digest], policy),
-          sorted(payload_of, key=lambda d: len(payload_of[d]), reverse=True))
+    with _workers(payloads) as pool:
+        infos = _hash(payloads, algo, pool)
+        digests = [digest for digest, _ in infos]
+        retry(lambda: store.put(rank_marker_key(run_id, step, rank),
+                                fmt.encode_marker(digests)), policy)
+        killpoints.hit("shard.marker-written")
+        payload_of = dict(zip(digests, payloads, strict=True))
+        each_blob(lambda digest: _land(store, run_id, digest, payload_of[digest], policy),
+                  sorted(payload_of, key=lambda d: len(payload_of[d]), reverse=True), pool)
     killpoints.hit("shard.blobs-written")
     entries: dict[str, dict] = {}
     for blob, (digest, _) in zip(blobs, infos, strict=True):
@@ -110,20 +117,36 @@ def write_part(store: Store, run_id: str, step: int, rank: int,
     report = {**fmt.format_fields(sharded=True, algo=algo), "run_id": run_id, "step": step,
               "rank": rank, "world_size": world_size, "launch": launch,
               "blobs": dict(infos), "tensors": entries}
-    retry(lambda: store.put(fmt.part_key(run_id, step, rank), _encode(report)), policy)
+    if publish:
+        retry(lambda: store.put(fmt.part_key(run_id, step, rank), _encode(report)), policy)
     killpoints.hit("shard.part-written")
     return report
 
 
-def _hash(payloads: list[memoryview], algo: str) -> list[tuple[str, dict]]:
-    """(digest, blob record) per payload; hashing releases the GIL, so big parts use threads."""
+@contextmanager
+def _workers(payloads: list[memoryview]) -> Iterator[ThreadPoolExecutor | None]:
+    """One set of threads for hashing a big part and then landing its blobs (none for a
+    small part). Threads started from the idle-priority persister wait to be first
+    scheduled (:mod:`burst.snapshot.commit` says so too): a second set for the writes
+    left a rank's first blob write waiting 0.14 s after its marker on a loaded 2-core
+    machine (``scripts/bench_sharded.py``)."""
+    if sum(p.nbytes for p in payloads) < _POOL_BYTES:
+        yield None
+        return
+    with ThreadPoolExecutor(_WORKERS, thread_name_prefix="burst-part") as pool:
+        yield pool
+
+
+def _hash(payloads: list[memoryview], algo: str, pool: ThreadPoolExecutor | None
+          ) -> list[tuple[str, dict]]:
+    """(digest, blob record) per payload; hashing releases the GIL, so big parts use
+    ``pool``'s threads."""
     def info(data: memoryview) -> tuple[str, dict]:
         return fmt.digest(data, algo), fmt.blob_info(data, algo)
 
-    if sum(p.nbytes for p in payloads) < _POOL_BYTES:
+    if pool is None:
         return [info(p) for p in payloads]
-    with ThreadPoolExecutor(_WORKERS, thread_name_prefix="burst-hash") as pool:
-        return list(pool.map(info, payloads))
+    return list(pool.map(info, payloads))
 
 
 def _land(store: Store, run_id: str, digest: str, data: memoryview,
@@ -206,13 +229,17 @@ class _Waiting:
 
 def commit_parts(store: Store, run_id: str, step: int, world_size: int, *, tree: dict,
                  meta: Mapping[str, Any], stamp: Mapping[str, Any] | None = None,
-                 launch: str | None = None, timeout: float = 300.0, poll: float = 0.05,
-                 policy: RetryPolicy = DEFAULT_RETRY) -> dict | None:
+                 launch: str | None = None, timeout: float = 300.0, poll: float = 0.01,
+                 policy: RetryPolicy = DEFAULT_RETRY, own: dict | None = None) -> dict | None:
     """On rank 0: wait for every rank's part of ``step``, merge them into a format 2
     manifest (``tree`` and ``meta`` are rank 0's, ``stamp`` the lineage fields) and commit
     it; return the manifest. None (nothing committed) when a rank skipped the step;
-    :class:`SnapshotError` when a rank has not reported within ``timeout`` seconds."""
+    :class:`SnapshotError` when a rank has not reported within ``timeout`` seconds.
+    ``own``: rank 0's report as :func:`write_part` returned it (``publish=False``), not
+    waited for in the store."""
     waiting = _Waiting(store, run_id, step, world_size, launch, policy)
+    if own is not None:
+        waiting.reports[own["rank"]] = own
     began = time.monotonic()
     deadline = began + timeout
     while True:
@@ -228,7 +255,9 @@ def commit_parts(store: Store, run_id: str, step: int, world_size: int, *, tree:
                                 f"their part within {timeout:.0f}s")
         # listings grow sparser as the wait goes on, but never by more than an eighth of
         # the time already waited: doubling the delay made rank 0 notice the last part up
-        # to as long again after it landed
+        # to as long again after it landed. The first ones come every ``poll``: the last
+        # part typically lands within a fraction of a second of rank 0's own, and a 50 ms
+        # floor made the commit notice it 25 ms late on average (10 ms: a few listings more)
         time.sleep(min(max(poll, (time.monotonic() - began) / 8), _POLL_MAX))
     killpoints.hit("shard-commit.parts-read")
     algo = _hash_of(waiting)

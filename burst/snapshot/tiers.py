@@ -331,8 +331,10 @@ class Tiers:
             raise SnapshotError(f"the capture of step {captured.step} has no boxes: a sharded "
                                 "snapshot needs each tensor's place (burst.parallel.pieces)")
         store, rank = sharding.store, sharding.rank
-        parts.write_part(store, self.run_id, captured.step, rank, captured.tensors,
-                         captured.boxes, world_size=sharding.world_size, launch=sharding.launch)
+        # rank 0 keeps its own report: it commits, and nobody else reads it
+        report = parts.write_part(store, self.run_id, captured.step, rank, captured.tensors,
+                                  captured.boxes, world_size=sharding.world_size,
+                                  launch=sharding.launch, publish=rank != 0)
         manifest = None
         if rank == 0:
             meta = captured.meta
@@ -340,7 +342,8 @@ class Tiers:
                 meta = self.complete_meta(meta)
             manifest = parts.commit_parts(store, self.run_id, captured.step, sharding.world_size,
                                           tree=captured.tree, meta=meta, stamp=self.stamp,
-                                          launch=sharding.launch, timeout=sharding.timeout)
+                                          launch=sharding.launch, timeout=sharding.timeout,
+                                          own=report)
             if manifest is not None:
                 self.committed_step = captured.step
                 self._prune_after(store)

@@ -15,6 +15,7 @@ import torch
 from burst.errors import SnapshotError
 from burst.snapshot import format as fmt
 from burst.snapshot import reader, retention, shards
+from burst.snapshot import tiers as tiers_mod
 from burst.snapshot.parts import Box, commit_parts, write_part
 from burst.snapshot.tiers import Captured, Tiers, write_snapshot
 from burst.store import open_store
@@ -77,6 +78,22 @@ def test_merged_parts_commit_a_manifest_that_reads_back_whole(s3):
     stored = reader.read_manifest(s3, RUN, 5)
     assert stored == manifest and stored["format"] == fmt.SHARDED_FORMAT_VERSION
     assert len(stored["tensors"]["state/model/w"]["shards"]) == 2
+    for name, tensor in full_state(5).items():
+        assert torch.equal(shards.read_whole(s3, stored, name), tensor), name
+
+
+def test_rank_0_commits_its_own_part_from_memory_without_storing_it(s3):
+    other = threading.Thread(target=write, args=(s3, 5, 1))
+    other.start()
+    try:
+        own = write(s3, 5, 0, publish=False)
+        manifest = commit_parts(s3, RUN, 5, 2, tree=TREE, meta={"reason": "periodic"},
+                                timeout=30, own=own)
+    finally:
+        other.join()
+    assert s3.list(f"{RUN}/parts/") == [fmt.part_key(RUN, 5, 1)]
+    stored = reader.read_manifest(s3, RUN, 5)
+    assert stored == manifest
     for name, tensor in full_state(5).items():
         assert torch.equal(shards.read_whole(s3, stored, name), tensor), name
 
@@ -194,6 +211,24 @@ def test_sharded_tiers_commit_prune_and_report_on_rank_0_only(s3):
     assert commits == [[3], []]
     assert reader.list_steps(s3, RUN) == [3]
     assert (tiers[0].committed_step, tiers[1].committed_step) == (3, None)
+
+
+def test_sharded_tiers_keep_rank_0s_part_out_of_the_store(s3, monkeypatch):
+    monkeypatch.setattr(tiers_mod, "LINGER_SECONDS", 0.0)  # the persisters leave when done
+    tiers = []
+    for rank in range(2):
+        tier = Tiers(s3, RUN, keep=2)
+        tier.shard_into(s3, rank, 2, timeout=30)
+        tiers.append(tier)
+    for rank, tier in enumerate(tiers):
+        tensors, boxes = pieces(3, rank)
+        tier.capture(3, TREE, tensors, {"reason": "periodic"}, persist=True, boxes=boxes)
+    for tier in tiers:
+        tier.flush(timeout=60)
+    for thread in [t for t in threading.enumerate() if t.name == "burst-persist"]:
+        thread.join(timeout=30)
+    assert reader.list_steps(s3, RUN) == [3]
+    assert s3.list(fmt.parts_prefix(RUN, 3)) == [fmt.part_key(RUN, 3, 1)]
 
 
 def test_a_rank_other_than_0_never_prunes(s3):
