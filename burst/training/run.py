@@ -269,6 +269,8 @@ class Run:
             if manifest is not None:  # checked (global batch, data) before anything changes
                 self.restored = self._restorer.resume(manifest, self.subject, self.progress,
                                                       self.seed, sampler)
+                if self._restorer.first_step is not None:  # its hook on the optimizer
+                    undo.push(self._restorer.first_step.cancel)
             if sampler is not None:
                 self.adopt_sampler(sampler)  # records the resume
             if manifest is None:
