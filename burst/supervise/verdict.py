@@ -12,7 +12,9 @@ With several ranks the records can disagree: one rank runs out of memory, and th
 then stops the others with SIGTERM, so they record a signal stop. The decisive record is
 the one whose kind says most about the machine: a GPU failure (no CUDA call on that card
 can be trusted) outranks an OOM (the card works, the batch is too big), which outranks a
-signal stop (everything works). Among equals the lowest rank decides.
+signal stop (everything works). The store's endings (92 and 93, rank 0's: it alone reaches
+the store at the start and uploads) sit just above a signal stop, which torchrun then
+gives the other ranks. Among equals the lowest rank decides.
 """
 
 from __future__ import annotations
@@ -29,8 +31,11 @@ from burst.contract import Reason
 from burst.training import failure
 
 # higher decides: what a failure says about the machine, not which rank came first; a
-# fenced rank (a newer launch owns the run) outranks all: nothing may be retried here
-PRIORITY = {Reason.FENCED: 4, Reason.GPU_FAILURE: 3, Reason.OOM: 2, Reason.SIGNAL: 1}
+# fenced rank (a newer launch owns the run) outranks all: nothing may be retried here. The
+# store's endings (rank 0's, burst.training.outage) outrank the signal stops torchrun then
+# sends the other ranks: the agent must act on the store's ending, not on a stop
+PRIORITY = {Reason.FENCED: 5, Reason.GPU_FAILURE: 4, Reason.OOM: 3,
+            failure.UPLOAD_FAILED: 2, failure.STORE_UNREACHABLE: 2, Reason.SIGNAL: 1}
 KIND_CODES = {kind: code for code, kind in failure.EXIT_KINDS.items()}
 
 
@@ -39,7 +44,7 @@ class Verdict:
     """One attempt's ending: the kind the policies act on, burst's exit code for it (what
     the supervisor exits with), and which rank's record said so (None: the exit status)."""
 
-    kind: str  # ok, oom, gpu-failure, signal, killed or error
+    kind: str  # ok, oom, gpu-failure, signal, store-unreachable, upload-failed, killed, error
     code: int  # burst's own code (86, 87, 88...) when a record decided, else the status
     returncode: int  # the child's raw exit status (torchrun's 1 under several ranks)
     rank: int | None = None

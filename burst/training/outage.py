@@ -7,6 +7,12 @@ that fails at ``close()`` comes after the training finished and its final snapsh
 written to the local tier (stop with ``Exit.UPLOAD_FAILED``, and say where the snapshot
 is and that ``burst push`` uploads it). A traceback in either case would read as a
 crashed training and invite rerunning it.
+
+Each also leaves a failure record (``burst.training.failure``): under torchrun the exit
+code becomes 1, and the other ranks may be stopped by a signal, so without it the agent
+would read an error or a signal stop, not the store's ending it handles on its own.
+Only rank 0 reaches the store at the start and uploads (``burst.training.run``), so only
+rank 0 gets here.
 """
 
 from __future__ import annotations
@@ -20,8 +26,10 @@ from burst.contract import Exit
 from burst.errors import StoreError
 from burst.snapshot import reader
 from burst.store import Store
+from burst.training import failure
 
 T = TypeVar("T")
+WRITER = 0  # the rank that reaches the store at the start and uploads: rank 0
 
 
 def at_start(store: Store, run_id: str, first: Callable[[], T]) -> T:
@@ -32,6 +40,8 @@ def at_start(store: Store, run_id: str, first: Callable[[], T]) -> T:
     except StoreError as exc:
         _say(f"run {run_id!r} cannot start: {exc}; nothing was trained, start it again "
              f"once {store.url} answers")
+        failure.write_record(failure.STORE_UNREACHABLE, Exit.STORE_UNREACHABLE, step=None,
+                             rank=WRITER, detail=" ".join(str(exc).split()))
         raise SystemExit(Exit.STORE_UNREACHABLE) from None
 
 
@@ -50,7 +60,10 @@ def upload_failed(local: Store, store: Store, run_id: str, step: int,
     it in the local history, and end the process with ``Exit.UPLOAD_FAILED``."""
     where = str(getattr(local, "root", local.url))
     why = " ".join(str(error).split()) or type(error).__name__
-    events.record(local, run_id, "upload-failed", step=step, message=why, say=lambda _: None)
+    events.record(local, run_id, failure.UPLOAD_FAILED, step=step, message=why,
+                  say=lambda _: None)
+    failure.write_record(failure.UPLOAD_FAILED, Exit.UPLOAD_FAILED, step=step, rank=WRITER,
+                         detail=why)
     _say(f"training finished at step {step}; snapshots kept locally at {where}; upload "
          f"failed: {why}; `burst push {run_id} --store {store.url} --local {where}` uploads "
          f"them later; exit {Exit.UPLOAD_FAILED}")

@@ -39,6 +39,27 @@ TRAINED_NOT_UPLOADED = ("import sys, torch, burst\nfrom burst.contract import Ex
                         "run.step = 3\nrun.close()\nsys.exit(Exit.UPLOAD_FAILED)\n")
 
 
+# torchrun over two ranks whose final upload failed: rank 0 ends through the library's own
+# burst.training.outage.upload_failed (its line, its record), rank 1 is stopped by a signal,
+# and the launcher exits 1
+TORCHRUN_UPLOAD_FAILED = ("import sys, torch, burst\n"
+                          "from burst.contract import Exit\n"
+                          "from burst.errors import StoreError\n"
+                          "from burst.store import LocalStore, open_store\n"
+                          "from burst.training import failure, outage\n"
+                          "run = burst.Run('up', store=sys.argv[1], global_batch=2,\n"
+                          "                persist_seconds=None)\n"
+                          "run.attach(torch.nn.Linear(2, 2))\n"
+                          "run.step = 3\nrun.close()\n"
+                          "try:\n"
+                          "    outage.upload_failed(LocalStore(sys.argv[1]), open_store(sys.argv[2]),\n"
+                          "                         'up', 3, StoreError('503 Slow Down'))\n"
+                          "except SystemExit:\n"
+                          "    pass\n"
+                          "failure.write_record('signal', Exit.STOPPED, step=3, rank=1)\n"
+                          "sys.exit(1)\n")
+
+
 def unreachable(tmp_path: Path, succeed_on: int, **policy: object) -> tuple[Agent, Path]:
     starts = tmp_path / "starts"
     agent = Agent([sys.executable, "-c", UNREACHABLE_UNTIL, str(starts), str(succeed_on)],
@@ -128,3 +149,18 @@ def test_burst_run_bounds_store_retries_by_its_option_and_exits_92(tmp_path: Pat
     assert done.returncode == Exit.STORE_UNREACHABLE, done.stderr
     assert len(starts.read_text().splitlines()) == 2 and "Traceback" not in done.stderr
     assert "start it again once the store answers" in done.stderr
+
+
+def test_under_torchrun_rank_0_s_upload_failure_is_uploaded_not_read_as_an_error(
+        tmp_path: Path, moto_s3, monkeypatch: pytest.MonkeyPatch, no_freeze: None) -> None:
+    monkeypatch.setenv("BURST_ENDPOINT_URL", moto_s3.endpoint)
+    monkeypatch.setenv("BURST_ADDRESSING_STYLE", "path")
+    url, tier = moto_s3.url(), tmp_path / "tier"
+    agent = Agent([sys.executable, "-c", TORCHRUN_UPLOAD_FAILED, str(tier), url],
+                  run_id="up", store=LocalStore(tier), store_url=url,
+                  env={ENV_LOCAL: str(tier)}, say=lambda _m: None)
+    outcome = agent.run()
+    assert outcome.returncode == 0 and outcome.decision == "finished", outcome.message
+    [attempt] = outcome.attempts
+    assert (attempt.returncode, attempt.kind, attempt.rank) == (1, "upload-failed", 0)
+    assert reader.list_steps(open_store(url, **moto_s3.options()), "up") == [3]

@@ -51,6 +51,16 @@ def test_an_oom_outranks_the_signal_stops_of_the_ranks_torchrun_terminated(tmp_p
     assert "rank 1 recorded oom (exit 86) of 3 record(s)" in judged.describe()
 
 
+@pytest.mark.parametrize(("kind", "code"), [("upload-failed", Exit.UPLOAD_FAILED),
+                                             ("store-unreachable", Exit.STORE_UNREACHABLE)])
+def test_rank_0_s_store_ending_outranks_the_signal_stops_of_the_other_ranks(
+        tmp_path, monkeypatch, kind, code):
+    write(tmp_path, monkeypatch, kind, code, rank=0)
+    write(tmp_path, monkeypatch, "signal", Exit.STOPPED, rank=1)
+    judged = verdict.judge(1, failure.read_records(tmp_path))
+    assert (judged.kind, judged.code, judged.rank) == (kind, code, 0)
+
+
 def test_among_equal_kinds_the_lowest_rank_decides(tmp_path, monkeypatch):
     write(tmp_path, monkeypatch, "oom", Exit.OOM, rank=2)
     write(tmp_path, monkeypatch, "oom", Exit.OOM, rank=1)

@@ -66,3 +66,49 @@ def test_close_when_only_uploads_fail_says_training_finished_and_where_the_snaps
     assert "training finished at step 3" in said[0] and str(tier) in said[0]
     assert "upload failed" in said[0] and "burst push outage" in said[0]
     assert reader.list_steps(run.local, "outage")[-1] == 3  # kept locally
+
+
+def test_a_store_unreachable_at_start_leaves_a_record_the_agent_reads_under_torchrun(
+        tmp_path, monkeypatch) -> None:
+    from burst.contract import ENV_FAILURE_DIR
+    from burst.snapshot import lineage
+    from burst.training import failure, outage
+
+    aws_env(monkeypatch)
+    monkeypatch.setattr(retry.RetryPolicy, "delay", lambda self, attempt, rng=None: 0.0)
+    monkeypatch.setenv(ENV_FAILURE_DIR, str(tmp_path / "records"))
+    dead = open_store("s3://bucket/runs", endpoint_url=f"http://127.0.0.1:{free_port()}")
+    with pytest.raises(SystemExit) as exited:
+        outage.at_start(dead, "outage", lambda: lineage.take(dead, "outage"))
+    assert exited.value.code == Exit.STORE_UNREACHABLE
+    [record] = failure.read_records(tmp_path / "records")
+    assert (record["kind"], record["exit_code"], record["rank"]) == (
+        "store-unreachable", Exit.STORE_UNREACHABLE, 0)
+
+
+def test_an_upload_failed_at_close_leaves_a_record_the_agent_reads_under_torchrun(
+        tmp_path, moto_s3, monkeypatch) -> None:
+    from burst.contract import ENV_FAILURE_DIR
+    from burst.training import failure
+
+    aws_env(monkeypatch)
+    monkeypatch.setenv("BURST_FREEZE", "0")
+    monkeypatch.setattr(retry.RetryPolicy, "delay", lambda self, attempt, rng=None: 0.0)
+    monkeypatch.setenv(ENV_FAILURE_DIR, str(tmp_path / "records"))
+    proxy = FaultProxy(moto_s3.endpoint, moto_s3.ca_bundle)
+    server, endpoint = start(proxy)
+    try:
+        store = open_store(moto_s3.url(), **moto_s3.options(endpoint_url=endpoint))
+        run = burst.Run("outage", store=store, local=str(tmp_path / "tier"), global_batch=2,
+                        persist_seconds=None)
+        run.attach(torch.nn.Linear(2, 2))
+        run.step = 3
+        proxy.add("500", "PUT", times=None)
+        with pytest.raises(SystemExit):
+            run.close()
+    finally:
+        server.shutdown()
+        server.server_close()
+    [record] = failure.read_records(tmp_path / "records")
+    assert (record["kind"], record["exit_code"], record["step"], record["rank"]) == (
+        "upload-failed", Exit.UPLOAD_FAILED, 3, 0)
