@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 
@@ -24,7 +23,7 @@ from burst.training.metrics import LiveFigures
 from tests.conftest import EXAMPLE, ROOT
 from tests.helpers.snapshot_helpers import take
 from tests.helpers.store_servers import ACCESS_KEY, SECRET_KEY, free_port
-from tests.supervise.test_exporter import query, samples, start_prometheus, wait_for
+from tests.supervise.test_exporter import query, samples, start_prometheus, stop_both, wait_for
 
 WAITING = [Pending("code", 1, 3_000_000), Pending("wheelhouse", 4, 12_000_000)]
 
@@ -102,9 +101,5 @@ def test_prometheus_sees_readiness_fall_to_zero_as_a_run_pre_stages(tmp_path, mo
         series = wait_for(lambda: [s for s in query(port, "burst_ready_bytes_pending == 0")
                                    if query(port, "burst_ready_setup_seconds")], run, 120)
     finally:
-        if run is not None and run.poll() is None:
-            run.send_signal(signal.SIGTERM)
-            run.wait(timeout=60)
-        prometheus.terminate()
-        prometheus.wait(timeout=30)
+        stop_both(run, prometheus)
     assert series[0]["metric"]["run_id"] == "staged"

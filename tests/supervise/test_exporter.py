@@ -168,6 +168,16 @@ def start_prometheus(tmp_path: Path, target_port: int) -> tuple[subprocess.Popen
     return server, port
 
 
+def stop_both(run: subprocess.Popen | None, prometheus: subprocess.Popen) -> None:
+    """End a scraped run the way a user would (SIGTERM: the agent forwards it, the run
+    snapshots and stops), then its Prometheus."""
+    if run is not None and run.poll() is None:
+        run.send_signal(signal.SIGTERM)
+        run.wait(timeout=60)
+    prometheus.terminate()
+    prometheus.wait(timeout=30)
+
+
 def wait_for(found, server: subprocess.Popen, deadline_s: float = 60.0):
     deadline = time.monotonic() + deadline_s
     while time.monotonic() < deadline:
@@ -202,11 +212,7 @@ def test_prometheus_scrapes_step_time_micro_batch_and_loss_of_a_run(tmp_path):
                 "burst_step_seconds", "burst_micro_batch", "burst_accumulation_steps",
                 "burst_loss")}, run)
     finally:
-        if run is not None and run.poll() is None:
-            run.send_signal(signal.SIGTERM)  # the agent forwards it: snapshot, then stop
-            run.wait(timeout=60)
-        prometheus.terminate()
-        prometheus.wait(timeout=30)
+        stop_both(run, prometheus)
     micro = series["burst_micro_batch"][0]
     assert micro["metric"]["run_id"] == "scraped" and micro["metric"]["job"] == "burst"
     assert float(micro["value"][1]) == 4
@@ -254,11 +260,7 @@ def test_prometheus_scrapes_the_cost_of_a_restart_from_the_store(tmp_path):
             "burst_membership_changes_total", "burst_membership_seconds_to_step_total",
             "burst_world_size")}
     finally:
-        if run is not None and run.poll() is None:
-            run.send_signal(signal.SIGTERM)
-            run.wait(timeout=60)
-        prometheus.terminate()
-        prometheus.wait(timeout=30)
+        stop_both(run, prometheus)
     assert float(changes[0]["value"][1]) == 1
     assert changes[0]["metric"]["run_id"] == "restarted"
     by_source = {s["metric"]["state_from"]: float(s["value"][1])
