@@ -11,8 +11,8 @@ crashed training and invite rerunning it.
 Each also leaves a failure record (``burst.training.failure``): under torchrun the exit
 code becomes 1, and the other ranks may be stopped by a signal, so without it the agent
 would read an error or a signal stop, not the store's ending it handles on its own.
-Only rank 0 reaches the store at the start and uploads (``burst.training.run``), so only
-rank 0 gets here.
+Only rank 0 reaches the store at the start (and tells the other ranks how it went) and
+only rank 0 uploads (``burst.training.run``).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import NoReturn, TypeVar
 from burst import events
 from burst.contract import Exit
 from burst.errors import StoreError
+from burst.parallel.group import Group
 from burst.snapshot import reader
 from burst.store import Store
 from burst.training import failure
@@ -32,17 +33,27 @@ T = TypeVar("T")
 WRITER = 0  # the rank that reaches the store at the start and uploads: rank 0
 
 
-def at_start(store: Store, run_id: str, first: Callable[[], T]) -> T:
-    """``first()``, the run's first call to its store; a store error there ends the
-    process in one line with ``Exit.STORE_UNREACHABLE``."""
-    try:
-        return first()
-    except StoreError as exc:
-        _say(f"run {run_id!r} cannot start: {exc}; nothing was trained, start it again "
-             f"once {store.url} answers")
-        failure.write_record(failure.STORE_UNREACHABLE, Exit.STORE_UNREACHABLE, step=None,
-                             rank=WRITER, detail=" ".join(str(exc).split()))
-        raise SystemExit(Exit.STORE_UNREACHABLE) from None
+def at_start(store: Store, run_id: str, first: Callable[[], T], group: Group) -> T | None:
+    """``first()`` on rank 0, the run's first call to its store (None on the others); a
+    store error there ends every rank in one line with ``Exit.STORE_UNREACHABLE``.
+
+    On several ranks rank 0 tells the others how it went (one broadcast): had it just
+    left, they would die in their next collective with gloo's or NCCL's own traceback."""
+    result: T | None = None
+    error: str | None = None
+    if group.is_writer:
+        try:
+            result = first()
+        except StoreError as exc:
+            error = " ".join(str(exc).split()) or type(exc).__name__
+    error = group.broadcast_json(error)
+    if error is None:
+        return result
+    _say(f"run {run_id!r} cannot start: {error}; nothing was trained, start it again "
+         f"once {store.url} answers")
+    failure.write_record(failure.STORE_UNREACHABLE, Exit.STORE_UNREACHABLE, step=None,
+                         rank=group.rank, detail=error)
+    raise SystemExit(Exit.STORE_UNREACHABLE) from None
 
 
 def kept_locally(local: Store, run_id: str, step: int) -> bool:

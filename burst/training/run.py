@@ -185,7 +185,7 @@ class Run:
         self.store = open_store(store)
         # this launch's generation, taken before any upload or restore (snapshot.lineage)
         self.lineage = outage.at_start(self.store, self.run_id, lambda: lineage.take(
-            self.store, self.run_id)) if self.rank == 0 else None
+            self.store, self.run_id), group)
         self.local, uploads = _local_tier(self.store, self.run_id, local,
                                           uploads=self.rank == 0)
         # intervals left out are chosen from measured costs (burst.training.adaptive)
