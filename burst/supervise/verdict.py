@@ -32,8 +32,8 @@ from burst.training import failure
 
 # higher decides: what a failure says about the machine, not which rank came first; a
 # fenced rank (a newer launch owns the run) outranks all: nothing may be retried here. The
-# store's endings (rank 0's, burst.training.outage) outrank the signal stops torchrun then
-# sends the other ranks: the agent must act on the store's ending, not on a stop
+# store's endings (burst.training.outage: a 92 every rank records, a 93 rank 0's) outrank
+# the signal stops torchrun sends the other ranks: the agent acts on the store's ending
 PRIORITY = {Reason.FENCED: 5, Reason.GPU_FAILURE: 4, Reason.OOM: 3,
             failure.UPLOAD_FAILED: 2, failure.STORE_UNREACHABLE: 2, Reason.SIGNAL: 1}
 KIND_CODES = {kind: code for code, kind in failure.EXIT_KINDS.items()}
