@@ -28,7 +28,9 @@ declare what they read (``burst.Run(inputs=...)``).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 import threading
@@ -71,12 +73,21 @@ def start() -> Path:
     """Record from now on, for one more run; the directory forked workers report into."""
     if not _STATE["installed"]:
         _STATE["dir"] = tempfile.mkdtemp(prefix="burst-inputs-")
+        atexit.register(_remove_dir, str(_STATE["dir"]), os.getpid())
         sys.addaudithook(_hook)
         os.register_at_fork(after_in_child=_in_child)
         _STATE["installed"] = True
     _COUNTS["users"] += 1
     _STATE["on"] = True
     return Path(str(_STATE["dir"]))
+
+
+def _remove_dir(directory: str, owner: int) -> None:
+    """At the recording process's exit: its workers' reports are read by then, and a
+    folder left per run would pile up in the user's temporary folder. Not in a forked
+    child, whose exit must not take the folder from the process still recording."""
+    if os.getpid() == owner:
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def stop() -> None:

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 
@@ -100,3 +102,24 @@ def test_recording_goes_on_until_the_last_run_stops(dataset):
     assert recorder.recording()
     recorder.stop()
     assert not recorder.recording()
+
+
+def test_a_recording_process_leaves_no_folder_behind_after_its_forked_worker_exits(tmp_path):
+    """The folder workers report into was left in the user's temporary folder by every
+    process that recorded, one per run (thousands on a busy machine). A forked worker's
+    exit must not take it from the parent still recording."""
+    program = (
+        "import os, sys\n"
+        "from burst.inputs import recorder\n"
+        "folder = recorder.start()\n"
+        "pid = os.fork()\n"
+        "if pid == 0:\n"
+        "    sys.exit(0)  # a worker's exit runs its exit handlers\n"
+        "os.waitpid(pid, 0)\n"
+        "assert folder.is_dir(), 'a worker took the folder'\n"
+        "print(folder)\n")
+    done = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "TMPDIR": str(tmp_path)}, check=False)
+    assert done.returncode == 0, done.stderr
+    assert str(tmp_path) in done.stdout
+    assert not list(tmp_path.glob("burst-inputs-*"))
