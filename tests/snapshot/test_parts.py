@@ -194,13 +194,12 @@ def test_a_blob_gone_before_the_commit_fails_the_step_naming_its_rank(s3):
     assert reader.list_steps(s3, RUN) == []
 
 
-def test_sharded_tiers_commit_prune_and_report_on_rank_0_only(s3):
-    for step in (1, 2):
-        write_snapshot(s3, RUN, Captured(step, TREE, full_state(step), {"reason": "periodic"}))
-    commits: list[list[int]] = [[], []]
+def two_ranks_persist_step_3(s3, make_tier) -> list[Tiers]:
+    """Two ranks' tiers (``make_tier(rank)``) sharding into ``s3`` persist step 3 and
+    flush; rank 0 commits it."""
     tiers = []
     for rank in range(2):
-        tier = Tiers(s3, RUN, keep=1, on_commit=lambda m, r=rank: commits[r].append(m["step"]))
+        tier = make_tier(rank)
         tier.shard_into(s3, rank, 2, timeout=30)
         tiers.append(tier)
     for rank, tier in enumerate(tiers):
@@ -208,6 +207,14 @@ def test_sharded_tiers_commit_prune_and_report_on_rank_0_only(s3):
         tier.capture(3, TREE, tensors, {"reason": "periodic"}, persist=True, boxes=boxes)
     for tier in tiers:
         tier.flush(timeout=60)
+    return tiers
+
+def test_sharded_tiers_commit_prune_and_report_on_rank_0_only(s3):
+    for step in (1, 2):
+        write_snapshot(s3, RUN, Captured(step, TREE, full_state(step), {"reason": "periodic"}))
+    commits: list[list[int]] = [[], []]
+    tiers = two_ranks_persist_step_3(s3, lambda rank: Tiers(
+        s3, RUN, keep=1, on_commit=lambda m: commits[rank].append(m["step"])))
     assert commits == [[3], []]
     assert reader.list_steps(s3, RUN) == [3]
     assert (tiers[0].committed_step, tiers[1].committed_step) == (3, None)
@@ -215,16 +222,7 @@ def test_sharded_tiers_commit_prune_and_report_on_rank_0_only(s3):
 
 def test_sharded_tiers_keep_rank_0s_part_out_of_the_store(s3, monkeypatch):
     monkeypatch.setattr(tiers_mod, "LINGER_SECONDS", 0.0)  # the persisters leave when done
-    tiers = []
-    for rank in range(2):
-        tier = Tiers(s3, RUN, keep=2)
-        tier.shard_into(s3, rank, 2, timeout=30)
-        tiers.append(tier)
-    for rank, tier in enumerate(tiers):
-        tensors, boxes = pieces(3, rank)
-        tier.capture(3, TREE, tensors, {"reason": "periodic"}, persist=True, boxes=boxes)
-    for tier in tiers:
-        tier.flush(timeout=60)
+    two_ranks_persist_step_3(s3, lambda _rank: Tiers(s3, RUN, keep=2))
     for thread in [t for t in threading.enumerate() if t.name == "burst-persist"]:
         thread.join(timeout=30)
     assert reader.list_steps(s3, RUN) == [3]
